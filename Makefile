@@ -1,0 +1,52 @@
+# herdfence — `make up` runs the embedded stack, `make test` runs the whole suite.
+# Both begin with `make setup`, which installs only what is missing (idempotent, fast when done).
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.herdfence-installed
+UI_DIR  := api/ui
+APT_PKGS := openjdk-17-jre-headless redis-server chromium
+
+.PHONY: setup up test clean system-packages venv ui-assets
+
+setup: system-packages venv ui-assets
+
+system-packages:
+	@missing=""; \
+	command -v java >/dev/null 2>&1 || missing="$$missing openjdk-17-jre-headless"; \
+	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
+	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
+	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	if [ -n "$$missing" ]; then \
+	  echo "setup: installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+$(BIN)/python:
+	@command -v $(PY) >/dev/null 2>&1 || { echo "setup: Python 3.11 ($(PY)) is required"; exit 1; }
+	$(PY) -m venv $(VENV)
+
+$(STAMP): $(BIN)/python requirements.lock pyproject.toml
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q --no-deps -e .
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+$(UI_DIR)/node_modules/.installed: $(UI_DIR)/package.json
+	cd $(UI_DIR) && npm install --no-audit --no-fund --loglevel=error
+	@touch $@
+
+ui-assets: $(UI_DIR)/node_modules/.installed
+
+up: setup
+	$(BIN)/herdfence up
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	-$(BIN)/herdfence down
+	rm -rf .herdfence

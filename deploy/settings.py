@@ -1,0 +1,79 @@
+"""Configuration from HERDFENCE_* environment variables, shared by every part.
+
+Unset variables mean "the embedded stack": Tansu on 127.0.0.1:9092, a 3-master Redis Cluster on
+127.0.0.1:7101-7103 (3 masters), Spark in local[*], the API on 127.0.0.1:8000.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+# Embedded ports. HERDFENCE_EMBEDDED_KAFKA_PORT / HERDFENCE_EMBEDDED_REDIS_PORT (the first of three)
+# move the embedded stack, so that a test session can run beside a developer's stack.
+DEFAULT_KAFKA_PORT = 9092
+DEFAULT_REDIS_PORT = 7101
+REDIS_MASTERS = 3
+TOPIC_REPORTS = "gps.reports"
+TOPIC_DLQ = "gps.reports.dlq"
+TOPIC_EVENTS = "fence.events"
+REPORT_PARTITIONS = 4
+
+
+@dataclass(frozen=True)
+class Settings:
+    home: Path
+    kafka: str | None
+    redis: str | None
+    spark_master: str | None
+    api_port: int
+    embedded_kafka_port: int = DEFAULT_KAFKA_PORT
+    embedded_redis_port: int = DEFAULT_REDIS_PORT
+
+    @property
+    def embedded_redis_ports(self) -> list[int]:
+        return [self.embedded_redis_port + i for i in range(REDIS_MASTERS)]
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return self.kafka or f"127.0.0.1:{self.embedded_kafka_port}"
+
+    @property
+    def redis_node(self) -> tuple[str, int]:
+        """One node of the Redis Cluster; the client discovers the rest from it."""
+        host, _, port = (self.redis or f"127.0.0.1:{self.embedded_redis_port}").rpartition(":")
+        return host or "127.0.0.1", int(port)
+
+    @property
+    def spark_master_url(self) -> str:
+        return self.spark_master or "local[*]"
+
+    @property
+    def api_url(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.home / "checkpoint"
+
+    @property
+    def history_dir(self) -> Path:
+        return self.home / "history"
+
+    @property
+    def run_dir(self) -> Path:
+        """PID files and logs of the components `herdfence up` started."""
+        return self.home / "run"
+
+
+def load_settings(env: dict[str, str] | None = None) -> Settings:
+    env = dict(os.environ if env is None else env)
+    return Settings(
+        home=Path(env.get("HERDFENCE_HOME") or "./.herdfence").resolve(),
+        kafka=env.get("HERDFENCE_KAFKA") or None,
+        redis=env.get("HERDFENCE_REDIS") or None,
+        spark_master=env.get("HERDFENCE_SPARK_MASTER") or None,
+        api_port=int(env.get("HERDFENCE_API_PORT") or 8000),
+        embedded_kafka_port=int(env.get("HERDFENCE_EMBEDDED_KAFKA_PORT") or DEFAULT_KAFKA_PORT),
+        embedded_redis_port=int(env.get("HERDFENCE_EMBEDDED_REDIS_PORT") or DEFAULT_REDIS_PORT),
+    )
