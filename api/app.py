@@ -1,0 +1,84 @@
+"""The herdfence HTTP API and web UI (FastAPI). Run: uvicorn api.app:app."""
+from __future__ import annotations
+
+import time
+from contextlib import asynccontextmanager
+from functools import lru_cache
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.staticfiles import StaticFiles
+
+from api import metrics, routes_fences, routes_query, routes_reports
+from api.limits import BodySizeLimit
+from deploy.settings import load_settings
+
+UI_DIR = Path(__file__).parent / "ui"
+NODE_MODULES = UI_DIR / "node_modules"
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    from deploy.redis_cluster import connect
+
+    settings = load_settings()
+    app.state.settings = settings
+    app.state.redis = connect(settings)
+
+    @lru_cache(maxsize=1)
+    def producer():
+        from ingest.producer import ReportProducer
+        return ReportProducer(settings.kafka_bootstrap)
+
+    app.state.producer = producer
+    yield
+    if producer.cache_info().currsize:
+        producer().close()
+
+
+app = FastAPI(title="herdfence", version="0.1.0", lifespan=lifespan,
+              description="Geofencing for livestock: fences, GPS reports, live membership and events. "
+                          "Auth: `Authorization: Bearer <farm API key or device token>`.")
+app.add_middleware(BodySizeLimit)
+
+
+@app.middleware("http")
+async def observe(request: Request, call_next):
+    started = time.perf_counter()
+    response = await call_next(request)
+    route = request.scope.get("route")
+    metrics.METRICS.observe(getattr(route, "path", "unmatched"), response.status_code, time.perf_counter() - started)
+    return response
+
+
+@app.get("/healthz", tags=["ops"], summary="Liveness: {\"status\":\"ok\"}")
+def healthz() -> dict:
+    return {"status": "ok"}
+
+
+@app.get("/metrics", tags=["ops"], response_class=PlainTextResponse, summary="Prometheus metrics")
+def get_metrics(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(metrics.render(request.app.state.redis), media_type="text/plain; version=0.0.4")
+
+
+@app.get("/", include_in_schema=False)
+def index() -> FileResponse:
+    return FileResponse(UI_DIR / "index.html")
+
+
+app.include_router(routes_fences.router)
+app.include_router(routes_reports.router)
+app.include_router(routes_query.router)
+app.mount("/ui", StaticFiles(directory=UI_DIR), name="ui")
+if (NODE_MODULES / "leaflet").exists():
+    app.mount("/vendor/leaflet", StaticFiles(directory=NODE_MODULES / "leaflet" / "dist"), name="leaflet")
+if (NODE_MODULES / "@geoman-io").exists():
+    app.mount("/vendor/geoman", StaticFiles(directory=NODE_MODULES / "@geoman-io" / "leaflet-geoman-free" / "dist"),
+              name="geoman")
+
+
+@app.exception_handler(ConnectionError)
+async def redis_down(request: Request, exc: ConnectionError) -> JSONResponse:
+    return JSONResponse({"detail": "live state store unavailable, retry shortly"}, status_code=503,
+                        headers={"Retry-After": "2"})

@@ -1,0 +1,68 @@
+"""API keys and device tokens: generated once, stored only as SHA-256 hashes, resolved per request."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+
+from fastapi import Depends, HTTPException, Request
+
+from fencing import keys
+
+
+@dataclass(frozen=True)
+class Principal:
+    farm_id: str
+    device_id: str | None = None   # set for a device token: it may only post its own reports
+
+    @property
+    def is_device(self) -> bool:
+        return self.device_id is not None
+
+
+def new_secret(prefix: str) -> str:
+    return f"{prefix}_{secrets.token_urlsafe(24)}"
+
+
+def hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def resolve(redis, secret: str) -> Principal | None:
+    """Look the secret up by its hash; the stored hash is compared again in constant time."""
+    digest = hash_secret(secret)
+    farm_id = redis.get(keys.apikey(digest))
+    if farm_id is not None:
+        stored = redis.hget(keys.farm(farm_id), "key_hash") or ""
+        return Principal(farm_id) if hmac.compare_digest(stored, digest) else None
+    owner = redis.get(keys.devtoken(digest))
+    if owner is not None:
+        farm_id, _, device_id = owner.partition("\t")
+        return Principal(farm_id, device_id)
+    return None
+
+
+def bearer_secret(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    # EventSource cannot send headers: the SSE route also takes ?key=
+    return request.query_params.get("key") or None
+
+
+def principal(request: Request) -> Principal:
+    secret = bearer_secret(request)
+    found = resolve(request.app.state.redis, secret) if secret else None
+    if found is None:
+        raise HTTPException(401, "missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
+    request.state.farm_id = found.farm_id
+    return found
+
+
+def farm_principal(who: Principal = Depends(principal)) -> Principal:
+    """Routes that manage a farm need the farm key, not a device token."""
+    if who.is_device:
+        raise HTTPException(403, "a device token may only post its own reports; use the farm API key")
+    return who

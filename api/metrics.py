@@ -1,0 +1,80 @@
+"""Prometheus text exposition: API counters and latency, plus the job's last batch from Redis."""
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import orjson
+
+from fencing import keys
+
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+@dataclass
+class ApiMetrics:
+    reports_accepted: int = 0
+    reports_rejected: int = 0
+    requests: dict[tuple[str, int], int] = field(default_factory=dict)
+    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
+    latency_sum: float = 0.0
+
+    def observe(self, route: str, status: int, seconds: float) -> None:
+        self.requests[(route, status)] = self.requests.get((route, status), 0) + 1
+        self.latency_counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+        self.latency_sum += seconds
+
+
+METRICS = ApiMetrics()
+
+
+def render(redis) -> str:
+    m = METRICS
+    lines = [
+        "# HELP herdfence_reports_accepted_total Reports accepted by POST /v1/reports.",
+        "# TYPE herdfence_reports_accepted_total counter",
+        f"herdfence_reports_accepted_total {m.reports_accepted}",
+        "# HELP herdfence_reports_rejected_total Reports rejected by POST /v1/reports.",
+        "# TYPE herdfence_reports_rejected_total counter",
+        f"herdfence_reports_rejected_total {m.reports_rejected}",
+        "# HELP herdfence_http_requests_total HTTP requests by route and status.",
+        "# TYPE herdfence_http_requests_total counter",
+    ]
+    for (route, status), count in sorted(m.requests.items()):
+        lines.append(f'herdfence_http_requests_total{{route="{route}",status="{status}"}} {count}')
+    lines += ["# HELP herdfence_http_request_seconds HTTP request latency.",
+              "# TYPE herdfence_http_request_seconds histogram"]
+    cumulative = 0
+    for bound, count in zip(BUCKETS + (float("inf"),), m.latency_counts):
+        cumulative += count
+        le = "+Inf" if bound == float("inf") else repr(bound)
+        lines.append(f'herdfence_http_request_seconds_bucket{{le="{le}"}} {cumulative}')
+    lines += [f"herdfence_http_request_seconds_sum {m.latency_sum:.6f}",
+              f"herdfence_http_request_seconds_count {cumulative}"]
+    lines += _job_metrics(redis)
+    return "\n".join(lines) + "\n"
+
+
+def _job_metrics(redis) -> list[str]:
+    try:
+        raw = redis.get(keys.JOB_HEARTBEAT)
+    except Exception:
+        return ["herdfence_job_up 0"]
+    if not raw:
+        return ["herdfence_job_up 0"]
+    beat = orjson.loads(raw)
+    gauges = {
+        "herdfence_job_last_batch_id": beat.get("batch_id", 0),
+        "herdfence_job_batch_seconds": beat.get("duration_s", 0),
+        "herdfence_job_batch_points": beat.get("points", 0),
+        "herdfence_job_lag_records": beat.get("lag", 0),
+        "herdfence_events_emitted_total": beat.get("events_total", 0),
+        "herdfence_dead_letters_total": beat.get("dead_letters_total", 0),
+        "herdfence_redis_calls_local_total": beat.get("redis_local_total", 0),
+        "herdfence_redis_calls_cross_node_total": beat.get("redis_cross_total", 0),
+        "herdfence_job_routing_version": beat.get("routing_version", 0),
+    }
+    out = ["herdfence_job_up 1"]
+    for name, value in gauges.items():
+        out += [f"# TYPE {name} gauge", f"{name} {value}"]
+    return out

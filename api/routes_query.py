@@ -1,0 +1,102 @@
+"""Pull queries: who is inside a fence or an area, where a device is, positions, events (+ SSE)."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Body, Depends, Query, Request
+from fastapi.responses import StreamingResponse
+
+from api import events, live, tenancy
+from api.auth import Principal, farm_principal, principal
+from api.errors import not_found, unprocessable
+from fencing.timeutil import iso, to_ms
+from fencing import fence_store
+from fencing.geometry import FenceError, parse_fence_geometry
+import shapely
+
+router = APIRouter(prefix="/v1", tags=["queries"])
+
+
+@router.get("/fences/{fence_id}/devices", summary="Devices inside the fence now")
+def fence_devices(fence_id: str, request: Request, who: Principal = Depends(farm_principal)) -> dict:
+    redis = request.app.state.redis
+    if fence_store.load_fence(redis, who.farm_id, fence_id) is None:
+        raise not_found("fence")
+    return {"fence_id": fence_id, "devices": live.fence_members(redis, who.farm_id, fence_id)}
+
+
+@router.post("/query/within", summary="Devices whose latest position lies in an ad-hoc Polygon/MultiPolygon")
+def query_within(request: Request, body: dict = Body(..., examples=[{"geometry": {
+        "type": "Polygon", "coordinates": [[[8.5, 47.0], [8.6, 47.0], [8.6, 47.1], [8.5, 47.0]]]}}]),
+        who: Principal = Depends(farm_principal)) -> dict:
+    try:
+        geom = parse_fence_geometry(body.get("geometry") if isinstance(body, dict) else None)
+    except FenceError as err:
+        raise unprocessable(str(err)) from None
+    found = live.devices_within(request.app.state.redis, who.farm_id, geom)
+    return {"fence_id": None, "devices": [
+        {"device_id": d, "lat": p["lat"], "lon": p["lon"], "ts": iso(p["ts"]), "inside_since": None}
+        for d, p in sorted(found.items())]}
+
+
+@router.get("/devices/{device_id}", summary="A device's latest position, fences and battery")
+def get_device(device_id: str, request: Request, who: Principal = Depends(principal)) -> dict:
+    redis = request.app.state.redis
+    if who.is_device and who.device_id != device_id:
+        raise not_found("device")
+    if tenancy.device_record(redis, who.farm_id, device_id) is None:
+        raise not_found("device")
+    return live.device_view(device_id, live.positions(redis, who.farm_id, [device_id]).get(device_id))
+
+
+def _bbox(text: str) -> shapely.Geometry:
+    try:
+        minlon, minlat, maxlon, maxlat = (float(v) for v in text.split(","))
+    except ValueError:
+        raise unprocessable("bbox must be minlon,minlat,maxlon,maxlat") from None
+    if not (-180 <= minlon < maxlon <= 180 and -90 <= minlat < maxlat <= 90):
+        raise unprocessable("bbox out of range or empty: need -180<=minlon<maxlon<=180, -90<=minlat<maxlat<=90")
+    return shapely.box(minlon, minlat, maxlon, maxlat)
+
+
+@router.get("/positions", summary="Latest positions as a GeoJSON FeatureCollection (optional bbox and herd)")
+def get_positions(request: Request, bbox: str | None = Query(None, examples=["8.4,46.9,8.6,47.1"]),
+                  herd: str | None = None, who: Principal = Depends(farm_principal)) -> dict:
+    redis = request.app.state.redis
+    if bbox:
+        area = _bbox(bbox)
+        found = live.devices_within(redis, who.farm_id, area) if area.area < 1.0 else \
+            {d: p for d, p in live.positions(redis, who.farm_id).items()
+             if shapely.intersects_xy(area, p["lon"], p["lat"])}
+    else:
+        found = live.positions(redis, who.farm_id)
+    devices = tenancy.device_records(redis, who.farm_id, sorted(found))
+    features = []
+    for device_id, pos in sorted(found.items()):
+        device_herd = (devices.get(device_id) or {}).get("herd")
+        if herd is not None and device_herd != herd:
+            continue
+        features.append({"type": "Feature", "id": device_id,
+                         "geometry": {"type": "Point", "coordinates": [pos["lon"], pos["lat"]]},
+                         "properties": {"device_id": device_id, "herd": device_herd, "ts": iso(pos["ts"]),
+                                        "battery": pos.get("battery"), "fences": pos.get("fences", [])}})
+    return {"type": "FeatureCollection", "features": features}
+
+
+@router.get("/events", summary="Fence events, newest last (filters: fence_id, device_id, since; limit ≤ 10000)")
+def get_events(request: Request, fence_id: str | None = None, device_id: str | None = None,
+               since: str | None = Query(None, description="ISO 8601 or epoch milliseconds"),
+               limit: int = Query(100, ge=1, le=10_000), who: Principal = Depends(farm_principal)) -> dict:
+    try:
+        since_ms = to_ms(since) if since is not None else None
+    except ValueError as err:
+        raise unprocessable(f"since: {err}") from None
+    found = events.list_events(request.app.state.redis, who.farm_id, fence_id=fence_id,
+                               device_id=device_id, since_ms=since_ms, limit=limit)
+    return {"events": found}
+
+
+@router.get("/events/stream", summary="Live fence events as Server-Sent Events (auth: Bearer or ?key=)")
+async def stream_events(request: Request, who: Principal = Depends(farm_principal)) -> StreamingResponse:
+    last_id = request.headers.get("last-event-id")
+    return StreamingResponse(events.stream(request.app.state.redis, who.farm_id, last_id, request.is_disconnected),
+                             media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -1,0 +1,48 @@
+"""POST /v1/reports: validate, bind to the caller's farm and device, produce to Kafka `gps.reports`."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Request
+
+from api import tenancy
+from api.auth import Principal, principal
+from api.metrics import METRICS
+from ingest.producer import BrokerUnavailable
+from ingest.validate import validate_report_dicts
+
+router = APIRouter(prefix="/v1", tags=["reports"])
+
+MAX_REPORTS = 10_000
+REPORTS_EXAMPLE = {"reports": [{"device_id": "cow-17", "ts": "2026-11-22T06:00:00Z", "lat": 47.005,
+                                "lon": 8.505, "battery": 87, "accuracy_m": 4.5}]}
+
+
+@router.post("/reports", status_code=202,
+             summary="Post GPS reports (up to 10,000 per request); invalid ones are rejected with a reason")
+def post_reports(request: Request, body: dict = Body(..., examples=[REPORTS_EXAMPLE]),
+                 who: Principal = Depends(principal)) -> dict:
+    reports = body.get("reports") if isinstance(body, dict) else None
+    if not isinstance(reports, list):
+        raise HTTPException(422, 'body must be {"reports": [ ... ]}')
+    if len(reports) > MAX_REPORTS:
+        raise HTTPException(413, f"at most {MAX_REPORTS} reports per request; got {len(reports)}")
+    if who.is_device:
+        foreign = next((r.get("device_id") for r in reports
+                        if isinstance(r, dict) and r.get("device_id") != who.device_id), None)
+        if foreign is not None or any(isinstance(r, dict) and "device_id" not in r for r in reports):
+            raise HTTPException(403, f"this device token may only post reports for device {who.device_id!r}")
+    columns, rejected = validate_report_dicts(reports)
+    accepted = columns.to_dicts(farm_id=who.farm_id)
+    redis = request.app.state.redis
+    if not who.is_device:
+        # A gateway with the farm key may post for devices it has not registered yet: register them.
+        ids = sorted({r["device_id"] for r in accepted})
+        for device_id in sorted(set(ids) - tenancy.known_devices(redis, who.farm_id, ids)):
+            tenancy.register_device(redis, who.farm_id, device_id, None, with_token=False)
+    try:
+        request.app.state.producer().send_many(accepted)
+    except BrokerUnavailable as err:
+        raise HTTPException(503, f"the report log is unavailable, nothing was accepted: {err}",
+                            headers={"Retry-After": "5"}) from None
+    METRICS.reports_accepted += len(accepted)
+    METRICS.reports_rejected += len(rejected)
+    return {"accepted": len(accepted), "rejected": [{"index": r.index, "reason": r.reason} for r in rejected]}

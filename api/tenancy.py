@@ -1,0 +1,71 @@
+"""Farms and devices: creation and lookup. Secrets are returned once and stored hashed."""
+from __future__ import annotations
+
+import re
+import time
+
+import orjson
+
+from api.auth import hash_secret, new_secret
+from fencing import keys
+
+DEVICE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+HERD = re.compile(r"^[\w .:-]{0,64}$")
+
+
+def create_farm(redis, name: str) -> tuple[str, str]:
+    name = (name or "").strip()
+    if not name or len(name) > 128:
+        raise ValueError("farm name must be 1..128 characters")
+    farm_id = new_secret("farm").replace("farm_", "farm-")[:21].lower()
+    api_key = new_secret("hfk")
+    digest = hash_secret(api_key)
+    redis.hset(keys.farm(farm_id), mapping={"name": name, "key_hash": digest, "created": int(time.time() * 1000)})
+    redis.set(keys.apikey(digest), farm_id)
+    return farm_id, api_key
+
+
+def register_device(redis, farm_id: str, device_id: str, herd: str | None, with_token: bool) -> str | None:
+    """Register (or re-register) a device in a farm; returns a new device token when asked for one."""
+    token = new_secret("hfd") if with_token else None
+    existing = redis.hget(keys.farm_devices(farm_id), device_id)
+    record = orjson.loads(existing) if existing else {"created": int(time.time() * 1000)}
+    if herd is not None:
+        record["herd"] = herd
+    if token:
+        old = record.get("token_hash")
+        if old:
+            redis.delete(keys.devtoken(old))
+        record["token_hash"] = hash_secret(token)
+        redis.set(keys.devtoken(record["token_hash"]), f"{farm_id}\t{device_id}")
+    redis.hset(keys.farm_devices(farm_id), device_id, orjson.dumps(record))
+    _add_to_registry(redis, farm_id, device_id)
+    return token
+
+
+def _add_to_registry(redis, farm_id: str, device_id: str) -> None:
+    # The job maps a report's device id to its farm; ids shared by farms need farm_id in the report.
+    current = redis.hget(keys.DEVICE_REGISTRY, device_id)
+    farms = set(current.split(",")) if current else set()
+    if farm_id not in farms:
+        farms.add(farm_id)
+        redis.hset(keys.DEVICE_REGISTRY, device_id, ",".join(sorted(farms)))
+
+
+def device_record(redis, farm_id: str, device_id: str) -> dict | None:
+    raw = redis.hget(keys.farm_devices(farm_id), device_id)
+    return orjson.loads(raw) if raw else None
+
+
+def known_devices(redis, farm_id: str, device_ids: list[str]) -> set[str]:
+    if not device_ids:
+        return set()
+    values = redis.hmget(keys.farm_devices(farm_id), device_ids)
+    return {d for d, v in zip(device_ids, values) if v is not None}
+
+
+def device_records(redis, farm_id: str, device_ids: list[str]) -> dict[str, dict]:
+    if not device_ids:
+        return {}
+    values = redis.hmget(keys.farm_devices(farm_id), device_ids)
+    return {d: orjson.loads(v) for d, v in zip(device_ids, values) if v}

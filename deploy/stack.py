@@ -1,0 +1,260 @@
+"""The whole embedded stack: up / down / status.
+
+Order up: broker, Redis Cluster, (Spark standalone master + workers), job, API, (supervisor).
+Order down: supervisor, job, API, Spark, Redis, broker. Everything is stopped by its recorded PID.
+Components that are alive are left alone, so `up --detach` run again restarts only what is down.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import httpx
+
+from deploy import broker, procs, redis_cluster, spark_cluster
+from deploy.procs import DeployError
+from deploy.settings import TOPIC_REPORTS, Settings
+from deploy.supervisor import NAME as SUPERVISOR, Supervisor
+
+JOB, API = "job", "api"
+PING_KEY = b"__herdfence_ping__"
+PING_EVERY_S = 20.0
+READY_TIMEOUT_S = 180.0
+
+
+def _say(msg: str) -> None:
+    print(f"herdfence: {msg}", file=sys.stderr, flush=True)
+
+
+# --- component specs -----------------------------------------------------------------------------
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The HERDFENCE_* variables that reproduce `settings` in a child process."""
+    env = {"HERDFENCE_HOME": str(settings.home), "HERDFENCE_API_PORT": str(settings.api_port),
+           "HERDFENCE_EMBEDDED_KAFKA_PORT": str(settings.embedded_kafka_port),
+           "HERDFENCE_EMBEDDED_REDIS_PORT": str(settings.embedded_redis_port)}
+    for var, value in (("HERDFENCE_KAFKA", settings.kafka), ("HERDFENCE_REDIS", settings.redis),
+                       ("HERDFENCE_SPARK_MASTER", settings.spark_master)):
+        if value:
+            env[var] = value
+    return env
+
+
+def job_spec(settings: Settings, spark_master: str | None) -> procs.ProcSpec:
+    env = {**settings_env(settings), "PYSPARK_PYTHON": sys.executable}
+    if spark_master:
+        env["HERDFENCE_SPARK_MASTER"] = spark_master
+    return procs.ProcSpec(name=JOB, argv=[sys.executable, "-m", "fencing.job"],
+                          markers=["-m fencing.job"], env=env, cwd=os.getcwd())
+
+
+def api_spec(settings: Settings) -> procs.ProcSpec:
+    port = str(settings.api_port)
+    return procs.ProcSpec(
+        name=API, argv=[sys.executable, "-m", "uvicorn", "api.app:app", "--host", "127.0.0.1",
+                        "--port", port],
+        markers=["uvicorn", "api.app:app", f"--port {port}"], port=settings.api_port,
+        port_env="HERDFENCE_API_PORT", env=settings_env(settings), cwd=os.getcwd())
+
+
+def supervisor_spec(settings: Settings) -> procs.ProcSpec:
+    return procs.ProcSpec(name=SUPERVISOR, argv=[sys.executable, "-m", "deploy.supervisor"],
+                          markers=["-m deploy.supervisor"], env=settings_env(settings), cwd=os.getcwd())
+
+
+# --- readiness -----------------------------------------------------------------------------------
+def api_healthy(settings: Settings, timeout: float = 2.0) -> bool:
+    try:
+        r = httpx.get(f"{settings.api_url}/healthz", timeout=timeout)
+        return r.status_code == 200 and r.json().get("status") == "ok"
+    except (httpx.HTTPError, ValueError):
+        return False
+
+
+@dataclass
+class _Pinger:
+    """Sends control pings through gps.reports; the job answers each by setting job:ping:<id>."""
+    settings: Settings
+
+    def __post_init__(self) -> None:
+        from confluent_kafka import Producer
+        self.producer = Producer({"bootstrap.servers": self.settings.kafka_bootstrap})
+        self.redis = redis_cluster.connect(self.settings)
+        self.ids: list[str] = []
+
+    def send(self) -> None:
+        ping_id = uuid.uuid4().hex
+        self.producer.produce(TOPIC_REPORTS, key=PING_KEY,
+                              value=json.dumps({"control": "ping", "id": ping_id}).encode())
+        self.producer.flush(10)
+        self.ids.append(ping_id)
+
+    def answered(self) -> bool:
+        try:
+            return any(self.redis.exists(f"job:ping:{i}") for i in self.ids)
+        except Exception:  # noqa: BLE001 - a Redis hiccup: keep polling
+            return False
+
+
+def wait_ready(settings: Settings, timeout: float = READY_TIMEOUT_S,
+               supervisor: Supervisor | None = None) -> None:
+    """Until the API answers /healthz and the job has completed a micro-batch (answered a ping).
+
+    `supervisor`: an in-process one to step while waiting (foreground); else a detached one may run.
+    """
+    start = time.monotonic()
+    pinger = _Pinger(settings)
+    last_ping = last_note = -1e9
+    api_ok = job_ok = False
+    while True:
+        now = time.monotonic()
+        api_ok = api_ok or api_healthy(settings)
+        if now - last_ping >= PING_EVERY_S and not job_ok:
+            pinger.send()
+            last_ping = now
+        job_ok = job_ok or pinger.answered()
+        if api_ok and job_ok:
+            return
+        if supervisor is not None:
+            supervisor.step()
+        restarter = supervisor is not None or procs.alive_record(settings, SUPERVISOR) is not None
+        for name in (JOB, API):
+            rec = procs.read_record(settings, name)
+            if rec is None or rec.gave_up or not (restarter or procs.record_alive(rec)):
+                raise DeployError(f"the {name} is not running (it crashed):\n{procs.log_tail(settings, name)}"
+                                  f"\nfull log: {procs.log_path(settings, name)}")
+        if now - start > timeout:
+            waiting = [w for w, ok in (("the API's /healthz", api_ok), ("the job's first micro-batch",
+                                                                         job_ok)) if not ok]
+            raise DeployError(f"not ready after {timeout:.0f} s: still waiting for {' and '.join(waiting)};"
+                              f" logs in {settings.run_dir}; the stack is left running (herdfence down)")
+        if now - last_note >= 10:
+            what = "API" if not api_ok else "first micro-batch of the job"
+            _say(f"waiting for the {what} ({now - start:.0f} s)")
+            last_note = now
+        time.sleep(0.5)
+
+
+# --- up / down / status --------------------------------------------------------------------------
+def _preflight(settings: Settings) -> None:
+    spark_cluster.check_java()          # the job is a Spark driver
+    if settings.redis is None and shutil.which("redis-server") is None:
+        raise DeployError("redis-server is required: run make setup")
+
+
+def _start_unless_alive(settings: Settings, spec: procs.ProcSpec) -> procs.ProcRecord:
+    rec = procs.alive_record(settings, spec.name)
+    if rec is None:
+        rec = procs.start(settings, spec)
+        _say(f"started {spec.name} (pid {rec.pid}, log {procs.log_path(settings, spec.name)})")
+    return rec
+
+
+def start_components(settings: Settings, spark_workers: int = 0, redis_replicas: int = 0,
+                     supervise: bool = False) -> None:
+    """Start every component that is not running (no readiness wait beyond ports)."""
+    _preflight(settings)
+    fresh_broker = broker.up(settings)
+    redis_cluster.up(settings, redis_replicas)
+    # Keep a standalone cluster that an earlier `up --spark-workers N` started.
+    spark_workers = spark_workers or len(spark_cluster.started_workers(settings))
+    master = spark_cluster.up(settings, spark_workers) if spark_workers else None
+    if fresh_broker:
+        # The embedded broker keeps its log in memory: a restarted broker starts at offset 0, so a
+        # running job and an old checkpoint both point at offsets that no longer exist.
+        procs.stop(settings, JOB)
+        if settings.checkpoint_dir.exists():
+            _say(f"fresh embedded broker: clearing the old job checkpoint {settings.checkpoint_dir}")
+            shutil.rmtree(settings.checkpoint_dir, ignore_errors=True)
+    _start_unless_alive(settings, job_spec(settings, master))
+    api = _start_unless_alive(settings, api_spec(settings))
+    procs.wait_for_port(settings.api_port, 60, api, settings)
+    if supervise:
+        _start_unless_alive(settings, supervisor_spec(settings))
+
+
+def up(settings: Settings, detach: bool = False, spark_workers: int = 0, redis_replicas: int = 0,
+       timeout: float = READY_TIMEOUT_S) -> dict:
+    """Start the stack. detach=True: return once ready (status dict); else run until Ctrl-C/SIGTERM."""
+    if detach:
+        start_components(settings, spark_workers, redis_replicas, supervise=True)
+        wait_ready(settings, timeout)
+        return status(settings)
+    return _foreground(settings, spark_workers, redis_replicas, timeout)
+
+
+def _foreground(settings: Settings, spark_workers: int, redis_replicas: int, timeout: float) -> dict:
+    stop = threading.Event()
+    supervisor = Supervisor(settings)
+
+    def on_term(*_: object) -> None:
+        raise KeyboardInterrupt      # same path as Ctrl-C, also while blocked in a wait
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        start_components(settings, spark_workers, redis_replicas)
+        _say(f"UI and API at {settings.api_url}/ (waiting for the job's first micro-batch)")
+        try:
+            wait_ready(settings, timeout, supervisor)
+            _say(f"ready: open {settings.api_url}/ ; Ctrl-C stops everything")
+        except DeployError as e:
+            _say(f"{e}\n(still running; Ctrl-C stops everything)")
+        supervisor.run(stop)
+    except KeyboardInterrupt:
+        _say("stopping ...")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)   # do not interrupt our own shutdown
+        down(settings)
+        signal.signal(signal.SIGTERM, previous)
+    return status(settings)
+
+
+def down(settings: Settings) -> list[str]:
+    """Stop everything `up` started, by PID; returns the names of the processes that were running."""
+    stopped = []
+    for name in (SUPERVISOR, JOB, API):
+        if procs.stop(settings, name):
+            stopped.append(name)
+    for name in spark_cluster.started_workers(settings) + [spark_cluster.MASTER]:
+        if procs.stop(settings, name):
+            stopped.append(name)
+    for n in redis_cluster.recorded_nodes(settings):
+        if procs.stop(settings, n.name):
+            stopped.append(n.name)
+    if procs.stop(settings, broker.NAME):
+        stopped.append(broker.NAME)
+    return stopped
+
+
+def _proc_status(settings: Settings, name: str) -> dict:
+    rec = procs.read_record(settings, name)
+    alive = procs.record_alive(rec)
+    out = {"pid": rec.pid if alive else None, "ok": alive}
+    if rec is not None and rec.spec.port is not None:
+        out["port"] = rec.spec.port
+    if rec is not None:
+        out["restarts"] = rec.restarts
+        if rec.gave_up:
+            out["gave_up"] = True
+    return out
+
+
+def status(settings: Settings) -> dict:
+    """{"ok": bool, "components": {name: {"pid", "port"?, "ok", ...}}}."""
+    comps: dict[str, dict] = {"broker": broker.status(settings), "redis": redis_cluster.status(settings)}
+    comps.update(spark_cluster.status(settings))
+    comps[JOB] = _proc_status(settings, JOB)
+    if settings.spark_master:
+        comps[JOB]["spark_master"] = settings.spark_master
+    api = _proc_status(settings, API)
+    api["port"] = settings.api_port
+    api["ok"] = api["ok"] and api_healthy(settings)
+    comps[API] = api
+    if procs.read_record(settings, SUPERVISOR) is not None:
+        comps[SUPERVISOR] = _proc_status(settings, SUPERVISOR)
+    return {"ok": all(c["ok"] for c in comps.values()), "components": comps}

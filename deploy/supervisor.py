@@ -1,0 +1,103 @@
+"""Restart crashed components (the job, the API) with bounded retries and exponential backoff.
+
+Runs inside `herdfence up` (foreground) or as its own detached process (`python -m deploy.supervisor`,
+pid-filed as component "supervisor") for `up --detach`. It restarts from the component's JSON
+record, so it needs no knowledge of what it restarts; the restart count is written back into that
+record (HERDFENCE_HOME/run/<name>.json), where `status` reads it.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+from deploy import procs
+from deploy.settings import Settings, load_settings
+
+NAME = "supervisor"
+SUPERVISED = ("job", "api")
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_attempts: int = 5          # consecutive failed restarts before giving up
+    base_delay_s: float = 1.0      # 1, 2, 4, 8, ... seconds
+    max_delay_s: float = 60.0
+    healthy_after_s: float = 300.0  # a process that ran this long resets the attempt budget
+
+
+@dataclass
+class _Track:
+    attempts: int = 0
+    next_try: float | None = None
+
+
+@dataclass
+class Supervisor:
+    settings: Settings
+    names: tuple[str, ...] = SUPERVISED
+    policy: RestartPolicy = RestartPolicy()
+    log: callable = field(default=lambda msg: print(f"herdfence supervisor: {msg}", file=sys.stderr,
+                                                    flush=True))
+    _tracks: dict[str, _Track] = field(default_factory=dict)
+
+    def step(self, now: float | None = None) -> None:
+        """One pass: restart what crashed and is due. Components without a record are not ours."""
+        now = time.monotonic() if now is None else now
+        for name in self.names:
+            rec = procs.read_record(self.settings, name)
+            if rec is None or rec.gave_up:
+                continue
+            track = self._tracks.setdefault(name, _Track())
+            if procs.record_alive(rec):
+                if time.time() - rec.started_at > self.policy.healthy_after_s:
+                    track.attempts = 0
+                track.next_try = None
+                continue
+            if track.attempts >= self.policy.max_attempts:
+                rec.gave_up = True
+                procs.write_record(self.settings, rec)
+                self.log(f"{name} crashed {track.attempts} times in a row; giving up "
+                         f"(log: {procs.log_path(self.settings, name)})")
+                continue
+            if track.next_try is None:
+                delay = min(self.policy.base_delay_s * 2 ** track.attempts, self.policy.max_delay_s)
+                track.next_try = now + delay
+                self.log(f"{name} (pid {rec.pid}) is not running; restarting in {delay:.0f} s")
+            if now >= track.next_try:
+                track.attempts += 1
+                track.next_try = None
+                try:
+                    new = procs.start(self.settings, rec.spec, restarts=rec.restarts + 1)
+                    self.log(f"restarted {name} as pid {new.pid} (restart #{new.restarts})")
+                except procs.DeployError as e:     # e.g. its port is still taken: try again later
+                    self.log(f"cannot restart {name}: {e}")
+
+    def has_work(self) -> bool:
+        return any(procs.read_record(self.settings, n) is not None for n in self.names)
+
+    def run(self, stop: threading.Event, interval_s: float = 1.0) -> None:
+        idle_since = None
+        while not stop.is_set():
+            self.step()
+            # Everything was stopped behind our back (records removed): nothing left to do.
+            if self.has_work():
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > 5:
+                return
+            stop.wait(interval_s)
+
+
+def main() -> None:
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    Supervisor(load_settings()).run(stop)
+
+
+if __name__ == "__main__":
+    main()

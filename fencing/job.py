@@ -1,0 +1,132 @@
+"""The herdfence streaming job: Kafka `gps.reports` → H3 routing → aligned membership + transitions →
+idempotent sinks. Run as `python -m fencing.job` (herdfence up does this).
+
+One streaming query; every micro-batch (foreachBatch, with its batch id) runs:
+  prepare (narrow)  → repartition(n, route)  → process (one task per routed partition)  → collect
+and the driver writes events / dead letters / pings, then a heartbeat with the batch's load figures
+for the elastic controller.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+import orjson
+from pyspark.sql import DataFrame, SparkSession
+
+from deploy.settings import TOPIC_REPORTS, Settings, load_settings
+from fencing import keys, routing
+from fencing.fence_store import DELETED_FENCES
+from fencing.prepare import PREPARED_DDL, PrepareContext, prepare_partition
+from fencing.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_STATS, \
+    ProcessContext, process_partition
+from fencing.redis_conn import cluster
+from fencing.sinks import Sinks
+from fencing.spark_session import build_session
+
+log = logging.getLogger("herdfence.job")
+MAX_OFFSETS_PER_TRIGGER = int(os.environ.get("HERDFENCE_MAX_OFFSETS_PER_TRIGGER", "250000"))
+TRIGGER = os.environ.get("HERDFENCE_TRIGGER", "250 milliseconds")
+
+
+class BatchProcessor:
+    """The foreachBatch function: one call per micro-batch, on the driver."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, observer=None):
+        from ingest.producer import KafkaWriter
+
+        self.spark, self.settings = spark, settings
+        self.redis = cluster(*settings.redis_node)
+        self.sinks = Sinks(self.redis, KafkaWriter(settings.kafka_bootstrap))
+        self.observer = observer              # the elastic controller, when running
+        self._salts: dict[int, list[int]] = {}
+        self.totals = {"events": 0, "dead": 0, "points": 0, "redis_local": 0, "redis_cross": 0}
+
+    def salts(self, n: int) -> list[int]:
+        """For each partition p a long value that Spark's hash partitioner sends to p."""
+        if n not in self._salts:
+            rows = self.spark.range(0, 64 * n).selectExpr("id", f"pmod(hash(id), {n}) as p").collect()
+            first: dict[int, int] = {}
+            for row in rows:
+                first.setdefault(row.p, row.id)
+            self._salts[n] = [first[p] for p in range(n)]
+        return self._salts[n]
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        started = time.time()
+        table = routing.load(self.redis)
+        n = table.partitions
+        host, port = self.settings.redis_node
+        prep = PrepareContext(host, port, table, self.salts(n))
+        deleted = frozenset(self.redis.smembers(DELETED_FENCES))
+        proc = ProcessContext(batch_id, host, port, table, deleted)
+        prepared = df.mapInArrow(lambda it: prepare_partition(prep, it), PREPARED_DDL)
+        rows = (prepared.repartition(n, "route")
+                .mapInArrow(lambda it: process_partition(proc, it), OUTPUT_DDL).collect())
+        events, dead, pings, stats = [], [], [], []
+        for row in rows:
+            if row.kind == OUT_KIND_EVENT:
+                events.append(orjson.loads(row.payload))
+            elif row.kind == OUT_KIND_DEAD:
+                dead.append(row.payload)
+            elif row.kind == OUT_KIND_PING:
+                pings.append(row.payload)
+            elif row.kind == OUT_KIND_STATS:
+                stats.append(orjson.loads(row.payload))
+        self.sinks.write(batch_id, events, dead, pings)
+        self._heartbeat(batch_id, table.version, started, events, dead, stats)
+
+    def _heartbeat(self, batch_id, routing_version, started, events, dead, stats) -> None:
+        points = sum(s.get("points", 0) for s in stats)
+        self.totals["events"] += len(events)
+        self.totals["dead"] += len(dead)
+        self.totals["points"] += points
+        self.totals["redis_local"] += sum(s.get("redis_local", 0) for s in stats)
+        self.totals["redis_cross"] += sum(s.get("redis_cross", 0) for s in stats)
+        beat = {"batch_id": batch_id, "time": time.time(), "duration_s": round(time.time() - started, 3),
+                "points": points, "events": len(events), "dead_letters": len(dead),
+                "routing_version": routing_version, "partitions": sorted(stats, key=lambda s: s["partition"]),
+                "events_total": self.totals["events"], "dead_letters_total": self.totals["dead"],
+                "points_total": self.totals["points"], "redis_local_total": self.totals["redis_local"],
+                "redis_cross_total": self.totals["redis_cross"]}
+        self.redis.set(keys.JOB_HEARTBEAT, orjson.dumps(beat))
+        if self.observer is not None:
+            self.observer(beat)
+
+
+def start_query(spark: SparkSession, settings: Settings, processor: BatchProcessor,
+                checkpoint: str | None = None, trigger: str = TRIGGER):
+    from ingest.kafka_source import register
+
+    register(spark)
+    source = (spark.readStream.format("herdkafka")
+              .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+              .option("subscribe", TOPIC_REPORTS)
+              .option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(MAX_OFFSETS_PER_TRIGGER))
+              .load())
+    return (source.writeStream.foreachBatch(processor)
+            .option("checkpointLocation", checkpoint or str(settings.checkpoint_dir))
+            .trigger(processingTime=trigger).queryName("herdfence").start())
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    settings = load_settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    spark = build_session(settings.spark_master_url)
+    processor = BatchProcessor(spark, settings)
+    query = start_query(spark, settings, processor)
+    log.info("herdfence job started: kafka=%s redis=%s:%s master=%s", settings.kafka_bootstrap,
+             *settings.redis_node, settings.spark_master_url)
+
+    def stop(*_):
+        query.stop()
+    signal.signal(signal.SIGTERM, stop)
+    query.awaitTermination()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Stage 1 of a micro-batch (narrow, on the Kafka input partitions): parse + validate, resolve each
+report's farm, compute its H3 cell and cell group, and the route of its device.
+
+A device's reports of a batch all sit in one Kafka partition (key = device id), so this stage sees them
+together and routes them all to the partition of the group of the device's latest report: one task
+then owns the device's state for the batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from deploy.settings import TOPIC_REPORTS
+from fencing import keys
+from fencing.h3util import cells_for_points, cells_to_strs, parent
+from fencing.redis_conn import cluster
+from fencing.routing import RoutingTable
+from ingest.validate import DeadLetter, parse_kafka_values
+
+KIND_REPORT, KIND_DEAD, KIND_PING = 0, 1, 2
+
+PREPARED = pa.schema([
+    ("kind", pa.int8()), ("route", pa.int64()), ("farm_id", pa.string()), ("device_id", pa.string()),
+    ("ts", pa.int64()), ("lat", pa.float64()), ("lon", pa.float64()), ("battery", pa.float64()),
+    ("cell", pa.int64()), ("grp", pa.string()), ("payload", pa.string()),
+])
+PREPARED_DDL = ("kind tinyint, route long, farm_id string, device_id string, ts long, lat double, lon double, "
+                "battery double, cell long, grp string, payload string")
+
+
+@dataclass(frozen=True)
+class PrepareContext:
+    redis_host: str
+    redis_port: int
+    routing: RoutingTable
+    salts: list[int]            # salts[p]: a route value Spark's hash partitioner sends to partition p
+
+
+def _resolve_farms(redis, table: pa.Table) -> tuple[np.ndarray, list[str]]:
+    """farm of each report (from the report, else the device registry); reasons for the unresolved."""
+    farm = np.array(table.column("farm_id").to_pylist(), dtype=object)
+    devices = np.array(table.column("device_id").to_pylist(), dtype=object)
+    missing = np.flatnonzero(pd.isna(farm))
+    reasons: list[str] = [None] * len(farm)
+    if len(missing):
+        unique = sorted(set(devices[missing]))
+        registry = dict(zip(unique, redis.hmget(keys.DEVICE_REGISTRY, unique)))
+        for i in missing:
+            owner = registry.get(devices[i])
+            if owner is None:
+                reasons[i] = "unknown device_id: register it with POST /v1/devices"
+            elif "," in owner:
+                reasons[i] = "device_id is registered in several farms: include farm_id in the report"
+            else:
+                farm[i] = owner
+    return farm, reasons
+
+
+def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]":
+    tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    if not tables:
+        return
+    raw = pa.concat_tables(tables)
+    parsed = parse_kafka_values(raw.column("value").combine_chunks(), raw.column("key").combine_chunks(),
+                                raw.column("partition").combine_chunks(), raw.column("offset").combine_chunks(),
+                                TOPIC_REPORTS)
+    dead: list[DeadLetter] = list(parsed.dead)
+    good = parsed.good
+    out: list[pa.RecordBatch] = []
+    if good.num_rows:
+        farm, reasons = _resolve_farms(cluster(ctx.redis_host, ctx.redis_port), good)
+        bad = np.array([r is not None for r in reasons], dtype=bool)
+        if bad.any():
+            parts = good.column("kafka_partition").to_numpy()
+            offs = good.column("kafka_offset").to_numpy()
+            values = good.select(["device_id", "ts", "lat", "lon"]).to_pylist()
+            import orjson
+            dead += [DeadLetter(reasons[i], orjson.dumps(values[i]).decode(), TOPIC_REPORTS, int(parts[i]), int(offs[i]))
+                     for i in np.flatnonzero(bad)]
+            keep = ~bad
+            good, farm = good.filter(pa.array(keep)), farm[keep]
+        if good.num_rows:
+            out.append(_routed_reports(ctx, good, farm))
+    if dead:
+        out.append(_side_rows(KIND_DEAD, [d.to_bytes().decode() for d in dead], ctx))
+    if parsed.pings:
+        out.append(_side_rows(KIND_PING, [str(p) for p in parsed.pings], ctx))
+    yield from out
+
+
+def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: np.ndarray) -> pa.RecordBatch:
+    lat = good.column("lat").to_numpy()
+    lon = good.column("lon").to_numpy()
+    ts = good.column("ts").to_numpy()
+    cells = cells_for_points(lat, lon, keys.FENCE_RES)
+    group_cells = parent(cells, keys.GROUP_RES)
+    unique_groups, group_code = np.unique(group_cells, return_inverse=True)
+    group_names = np.array(cells_to_strs(unique_groups), dtype=object)
+    device_key = pd.Series(farm.astype(str)) + "/" + pd.Series(good.column("device_id").to_pylist())
+    # the route of a device = partition of the group of its latest report in this batch
+    frame = pd.DataFrame({"dkey": device_key, "ts": ts, "g": group_code})
+    latest = frame.sort_values("ts", kind="stable").groupby("dkey", sort=False)["g"].last()
+    device_group = frame["dkey"].map(latest).to_numpy()
+    partition_of_group = np.array([ctx.routing.partition_of(g) for g in group_names], dtype=np.int64)
+    salts = np.asarray(ctx.salts, dtype=np.int64)
+    route = salts[partition_of_group[device_group]]
+    n = good.num_rows
+    return pa.RecordBatch.from_arrays([
+        pa.array(np.zeros(n, np.int8)), pa.array(route), pa.array(farm.astype(str).tolist(), pa.string()),
+        good.column("device_id").combine_chunks(), pa.array(ts, pa.int64()), pa.array(lat), pa.array(lon),
+        good.column("battery").combine_chunks().cast(pa.float64()), pa.array(cells.view(np.int64)),
+        pa.array(group_names[group_code].tolist(), pa.string()), pa.nulls(n, pa.string()),
+    ], schema=PREPARED)
+
+
+def _side_rows(kind: int, payloads: list[str], ctx: PrepareContext) -> pa.RecordBatch:
+    n = len(payloads)
+    return pa.RecordBatch.from_arrays([
+        pa.array(np.full(n, kind, np.int8)), pa.array(np.full(n, ctx.salts[0], np.int64)),
+        pa.nulls(n, pa.string()), pa.nulls(n, pa.string()), pa.nulls(n, pa.int64()), pa.nulls(n, pa.float64()),
+        pa.nulls(n, pa.float64()), pa.nulls(n, pa.float64()), pa.nulls(n, pa.int64()), pa.nulls(n, pa.string()),
+        pa.array(payloads, pa.string()),
+    ], schema=PREPARED)

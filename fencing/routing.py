@@ -1,0 +1,82 @@
+"""Routing table: H3 cell group → Spark partition, aligned with the Redis node that owns the group's slot.
+
+Partition p is aligned with Redis master p % n_nodes (masters sorted by address). A group without an
+explicit route goes to one of the partitions aligned with its slot's node (Amoeba alignment); the
+elastic controller adds explicit routes (and moves slots) in later versions. The table is published in
+Redis (`routing`) and read by the job at every micro-batch.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+from redis.crc import key_slot
+
+from fencing import keys
+
+DEFAULT_PARTITIONS = 6
+
+
+@dataclass(frozen=True)
+class RoutingTable:
+    version: int
+    partitions: int
+    slot_node: np.ndarray                      # uint8[16384]: slot → index of its master
+    nodes: tuple[str, ...]                     # master addresses, sorted; index = node index
+    routes: dict[str, int] = field(default_factory=dict)   # explicit group → partition
+    aligned: bool = True
+
+    def partition_of(self, group: str) -> int:
+        explicit = self.routes.get(group)
+        if explicit is not None:
+            return explicit
+        spread = zlib.crc32(group.encode())
+        if not self.aligned:
+            return spread % self.partitions
+        node = int(self.slot_node[group_slot(group)])
+        mine = [p for p in range(self.partitions) if p % len(self.nodes) == node] or list(range(self.partitions))
+        return mine[spread % len(mine)]
+
+    def node_of_partition(self, partition: int) -> int:
+        return partition % len(self.nodes)
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"version": self.version, "partitions": self.partitions, "routes": self.routes,
+                             "aligned": self.aligned})
+
+
+def group_slot(group: str) -> int:
+    return key_slot(f"g:{group}".encode())
+
+
+def slot_map(redis) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Current slot → master index, from CLUSTER SLOTS (refreshed each batch: slots move)."""
+    ranges = redis.cluster_slots() if hasattr(redis, "cluster_slots") else redis.execute_command("CLUSTER SLOTS")
+    masters: dict[str, list[tuple[int, int]]] = {}
+    if isinstance(ranges, dict):   # redis-py cluster answers {(start, end): {"primary": (host, port), ...}}
+        for (start, end), info in ranges.items():
+            host, port = info["primary"][:2]
+            masters.setdefault(f"{host}:{port}", []).append((start, end))
+    else:
+        for start, end, primary, *_ in ranges:
+            masters.setdefault(f"{primary[0]}:{primary[1]}", []).append((start, end))
+    nodes = tuple(sorted(masters))
+    table = np.zeros(16384, dtype=np.uint8)
+    for index, node in enumerate(nodes):
+        for start, end in masters[node]:
+            table[start:end + 1] = index
+    return table, nodes
+
+
+def load(redis, default_partitions: int = DEFAULT_PARTITIONS) -> RoutingTable:
+    raw = redis.get(keys.ROUTING)
+    spec = orjson.loads(raw) if raw else {"version": 0, "partitions": default_partitions, "routes": {}}
+    table, nodes = slot_map(redis)
+    return RoutingTable(version=spec["version"], partitions=spec["partitions"], slot_node=table, nodes=nodes,
+                        routes=dict(spec.get("routes", {})), aligned=spec.get("aligned", True))
+
+
+def publish(redis, table: RoutingTable) -> None:
+    redis.set(keys.ROUTING, table.to_json())

@@ -1,0 +1,137 @@
+"""Executor side of `herdkafka`: read one KafkaRange [start, end) into Arrow record batches.
+
+Two clients, same contract; `client=confluent` is the default because it is the faster one here
+(numbers in ingest/README.md). Both stop at `end` even when offsets are missing inside the range
+(transaction markers, compaction): an EOF at or past `end` finishes the range.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from ingest.kafka_source import ARROW_SCHEMA, BATCH_ROWS, DataLossError, KafkaRange
+
+log = logging.getLogger("herdfence.ingest")
+STALL_TIMEOUT_S = 120.0  # no progress for this long inside a range that should exist → error
+
+
+def _batch(r: KafkaRange, keys: list, values: list, offsets: list, ts_ms: list) -> pa.RecordBatch:
+    n = len(values)
+    ts = pa.array(np.asarray(ts_ms, dtype=np.int64) * 1000, pa.int64()).cast(ARROW_SCHEMA.field("timestamp").type)
+    return pa.RecordBatch.from_arrays([
+        pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
+        pa.array([r.topic] * n, pa.string()),
+        pa.array(np.full(n, r.partition, np.int32)), pa.array(np.asarray(offsets, np.int64)),
+        ts], schema=ARROW_SCHEMA)
+
+
+def _lost(r: KafkaRange, wanted: int, earliest: int) -> int:
+    """Offsets [wanted, earliest) are gone. Raise, or log and skip (failOnDataLoss=false or a
+    partition discovered at runtime, whose 'start' was only a guess)."""
+    msg = f"{r.topic}[{r.partition}] offsets {wanted}..{earliest - 1} are no longer available"
+    if r.fail_on_data_loss and not r.new_partition:
+        raise DataLossError(msg + " (set failOnDataLoss=false to skip lost offsets)")
+    log.warning("data loss, skipping: %s", msg)
+    return earliest
+
+
+def _gone_tail(r: KafkaRange, log_end: int) -> None:
+    msg = f"{r.topic}[{r.partition}] ends at {log_end}, below the planned end {r.end}"
+    if r.fail_on_data_loss and not r.new_partition:
+        raise DataLossError(msg + " (set failOnDataLoss=false to skip lost offsets)")
+    log.warning("data loss, skipping: %s", msg)
+
+
+def read_range(r: KafkaRange) -> Iterator[pa.RecordBatch]:
+    if r.end <= r.start:
+        return iter(())
+    return _read_confluent(r) if r.client == "confluent" else _read_kafka_python(r)
+
+
+def _read_confluent(r: KafkaRange) -> Iterator[pa.RecordBatch]:
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    c = Consumer({
+        "bootstrap.servers": r.bootstrap, "group.id": "herdfence-reader",
+        "enable.auto.commit": False, "enable.partition.eof": True,
+        # "error": an out-of-range start surfaces as an event instead of a silent reset.
+        "auto.offset.reset": "error", "fetch.wait.max.ms": 5,
+        "fetch.max.bytes": 104_857_600, "max.partition.fetch.bytes": 104_857_600,
+        "receive.message.max.bytes": 209_715_200, "log_level": 3,
+        "fetch.error.backoff.ms": 10, "fetch.queue.backoff.ms": 1,
+    })
+    tp = TopicPartition(r.topic, r.partition, r.start)
+    try:
+        c.assign([tp])
+        pos, last_progress = r.start, time.monotonic()
+        keys: list = []; values: list = []; offsets: list = []; tss: list = []  # noqa: E702
+        while pos < r.end:
+            # Ask for exactly what is left: consume(n, timeout) otherwise waits the whole timeout
+            # for n messages (measured: 1 s per call).
+            msgs = c.consume(min(r.end - pos, BATCH_ROWS), 0.5)
+            for m in msgs:
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        # EOF offset = the high watermark. Below `end` means the log lost the
+                        # tail that latestOffset saw (truncated / re-created): nothing to wait for.
+                        if m.offset() < r.end:
+                            _gone_tail(r, m.offset())
+                        pos = r.end
+                    elif err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                        lo, hi = c.get_watermark_offsets(TopicPartition(r.topic, r.partition), timeout=10)
+                        pos = _lost(r, pos, lo) if pos < lo else r.end  # past hi: nothing to read
+                        c.assign([TopicPartition(r.topic, r.partition, pos)])
+                    elif err.code() != KafkaError._PARTITION_EOF:
+                        raise RuntimeError(f"kafka error reading {r}: {err}")
+                    continue
+                o = m.offset()
+                if o >= r.end:
+                    pos = r.end
+                    break
+                keys.append(m.key()); values.append(m.value())  # noqa: E702
+                offsets.append(o); tss.append(m.timestamp()[1])  # noqa: E702
+                pos = o + 1
+            if msgs:
+                last_progress = time.monotonic()
+            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                raise DataLossError(f"no progress reading {r} at offset {pos} for {STALL_TIMEOUT_S}s")
+            if len(values) >= BATCH_ROWS or (pos >= r.end and values):
+                yield _batch(r, keys, values, offsets, tss)
+                keys, values, offsets, tss = [], [], [], []
+    finally:
+        c.close()
+
+
+def _read_kafka_python(r: KafkaRange) -> Iterator[pa.RecordBatch]:
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import OffsetOutOfRangeError
+    c = KafkaConsumer(bootstrap_servers=r.bootstrap, enable_auto_commit=False,
+                      auto_offset_reset="none", fetch_max_wait_ms=5,
+                      fetch_max_bytes=104_857_600, max_partition_fetch_bytes=104_857_600)
+    tp = TopicPartition(r.topic, r.partition)
+    try:
+        c.assign([tp]); c.seek(tp, r.start)  # noqa: E702
+        pos, last_progress = r.start, time.monotonic()
+        while pos < r.end:
+            try:
+                got = c.poll(timeout_ms=500, max_records=min(r.end - pos, BATCH_ROWS)).get(tp, [])
+            except OffsetOutOfRangeError:
+                lo = c.beginning_offsets([tp])[tp]
+                pos = _lost(r, pos, lo) if pos < lo else r.end
+                c.seek(tp, pos)
+                continue
+            got = [m for m in got if m.offset < r.end]
+            if got:
+                last_progress, pos = time.monotonic(), got[-1].offset + 1
+                yield _batch(r, [m.key for m in got], [m.value for m in got],
+                             [m.offset for m in got], [m.timestamp for m in got])
+            elif c.position(tp) >= r.end:  # only markers/compacted offsets were left in the range
+                pos = r.end
+            if not got and time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                raise DataLossError(f"no progress reading {r} at offset {pos} for {STALL_TIMEOUT_S}s")
+    finally:
+        c.close()

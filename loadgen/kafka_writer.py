@@ -1,0 +1,81 @@
+"""Write simulated reports straight to Kafka (``gps.reports``), as gateways do, with confluent-kafka.
+
+confluent-kafka (librdkafka) produced 95-210k msg/s against the embedded broker here, kafka-python
+~15k; the per-row Python work is one orjson.dumps and one produce() call."""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import orjson
+import pandas as pd
+from confluent_kafka import KafkaException, Producer
+from tqdm import tqdm
+
+from loadgen.records import Pacer, WriteStats, report_dicts
+
+TOPIC = "gps.reports"
+CHUNK = 2_000   # rows between poll/pacing/progress updates: small enough for smooth rates
+
+
+def producer_config(bootstrap: str, **overrides) -> dict:
+    return {
+        "bootstrap.servers": bootstrap,
+        # murmur2 is what the Java client and kafka-python use: a device lands on the same partition
+        # whether its reports come from the API (kafka-python) or from here, so its order is kept
+        "partitioner": "murmur2_random",
+        # idempotence: librdkafka's internal retries never write a report twice (a duplicate report
+        # with the same ts would count twice towards a debounce streak)
+        "enable.idempotence": True,
+        "linger.ms": 20,
+        "batch.num.messages": 10_000,
+        "queue.buffering.max.messages": 1_000_000,
+        "queue.buffering.max.kbytes": 1_048_576,
+        **overrides,
+    }
+
+
+def write_reports(bootstrap: str, df: pd.DataFrame, rate: float | None = None, topic: str = TOPIC,
+                  progress: bool = True, flush_timeout_s: float = 120.0, **config) -> WriteStats:
+    """Produce every row of ``df`` (in row order) keyed by device id; block until all are delivered.
+
+    ``rate`` = rows/s target (None: as fast as possible). ``config`` overrides producer settings
+    (dots as underscores are not translated: pass e.g. ``**{"linger.ms": 5}``)."""
+    stats = WriteStats(rows=len(df), sent_at_ms=np.zeros(len(df), dtype=np.int64))
+
+    def delivered(err, _msg) -> None:
+        if err is None:
+            stats.sent += 1
+        else:
+            stats.failed += 1
+            stats.note_error(str(err))
+
+    producer = Producer(producer_config(bootstrap, **config))
+    pacer = Pacer(rate)
+    dumps, produce, poll = orjson.dumps, producer.produce, producer.poll
+    t0 = time.perf_counter()
+    with tqdm(total=len(df), unit="rep", disable=not progress, desc=f"kafka {topic}") as bar:
+        for i, rec in enumerate(report_dicts(df)):
+            if i % CHUNK == 0:
+                if i:
+                    bar.update(CHUNK)
+                poll(0)
+                pacer.admit(min(CHUNK, len(df) - i))
+                stats.sent_at_ms[i:i + CHUNK] = time.time_ns() // 1_000_000
+            while True:
+                try:
+                    produce(topic, dumps(rec), rec["device_id"].encode(), on_delivery=delivered)
+                    break
+                except BufferError:           # local queue full: let librdkafka drain, then retry
+                    poll(0.05)
+                except KafkaException as exc:
+                    stats.failed += 1
+                    stats.note_error(str(exc))
+                    break
+        bar.update(len(df) - bar.n)
+        remaining = producer.flush(flush_timeout_s)
+    stats.seconds = time.perf_counter() - t0
+    if remaining:
+        stats.failed += remaining
+        stats.note_error(f"{remaining} reports still undelivered after {flush_timeout_s}s")
+    return stats

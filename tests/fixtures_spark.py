@@ -1,0 +1,22 @@
+"""A process-wide SparkSession for tests (session start costs 6-15 s: pay it once)."""
+from __future__ import annotations
+
+import threading
+
+_lock = threading.Lock()
+_spark = None
+
+
+def get_spark():  # noqa: ANN201 - pyspark.sql.SparkSession
+    global _spark
+    with _lock:
+        if _spark is None:
+            from pyspark.sql import SparkSession
+            _spark = (SparkSession.builder.master("local[2]").appName("herdfence-tests")
+                      .config("spark.sql.shuffle.partitions", "4")
+                      .config("spark.ui.enabled", "false")
+                      .config("spark.driver.bindAddress", "127.0.0.1")
+                      .config("spark.driver.host", "127.0.0.1")
+                      .config("spark.sql.streaming.stopTimeout", "10s")
+                      .getOrCreate())
+        return _spark
