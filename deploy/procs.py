@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -233,11 +234,16 @@ def stop_pid(pid: int, markers: list[str], timeout: float = 10.0) -> bool:
 
 
 def _group_exists(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except (ProcessLookupError, PermissionError):
-        return False
+    """A live (non-zombie) process is still in the group. killpg(pgid, 0) would also count zombies
+    that another process (e.g. the pytest that started them) has not reaped yet."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_bytes().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            return True
+    return False
 
 
 def stop(settings: Settings, name: str, timeout: float = 10.0) -> bool:
@@ -246,3 +252,12 @@ def stop(settings: Settings, name: str, timeout: float = 10.0) -> bool:
     stopped = stop_pid(rec.pid, rec.spec.markers, timeout) if rec else False
     remove_record(settings, name)
     return stopped
+
+
+def stop_many(settings: Settings, names: list[str], timeout: float = 10.0) -> list[str]:
+    """Stop several components in parallel (their shutdowns overlap); returns those that ran."""
+    if not names:
+        return []
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        ran = list(pool.map(lambda n: stop(settings, n, timeout), names))
+    return [n for n, r in zip(names, ran) if r]

@@ -187,12 +187,12 @@ def up(settings: Settings, replicas: int = 0) -> None:
     for n in dead:
         procs.wait_for_port(n.port, 15, recs[n.port], settings)
     _form(all_nodes)
-    wait_ok(all_nodes[0].port)
+    for n in all_nodes:          # a restarted node says "fail" until it has caught up: ask each
+        wait_ok(n.port)
 
 
-def down(settings: Settings) -> None:
-    for n in recorded_nodes(settings):
-        procs.stop(settings, n.name)
+def down(settings: Settings) -> list[str]:
+    return procs.stop_many(settings, [n.name for n in recorded_nodes(settings)])
 
 
 def status(settings: Settings) -> dict:

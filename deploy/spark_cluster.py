@@ -135,10 +135,8 @@ def started_workers(settings: Settings) -> list[str]:
     return [n for n in procs.recorded_names(settings) if n.startswith("spark_worker_")]
 
 
-def down(settings: Settings) -> None:
-    for name in started_workers(settings):
-        procs.stop(settings, name)
-    procs.stop(settings, MASTER)
+def down(settings: Settings) -> list[str]:
+    return procs.stop_many(settings, started_workers(settings)) + procs.stop_many(settings, [MASTER])
 
 
 def status(settings: Settings) -> dict[str, dict]:

@@ -58,7 +58,7 @@ def api_spec(settings: Settings) -> procs.ProcSpec:
     port = str(settings.api_port)
     return procs.ProcSpec(
         name=API, argv=[sys.executable, "-m", "uvicorn", "api.app:app", "--host", "127.0.0.1",
-                        "--port", port],
+                        "--port", port, "--timeout-graceful-shutdown", "3"],
         markers=["uvicorn", "api.app:app", f"--port {port}"], port=settings.api_port,
         port_env="HERDFENCE_API_PORT", env=settings_env(settings), cwd=os.getcwd())
 
@@ -215,20 +215,14 @@ def _foreground(settings: Settings, spark_workers: int, redis_replicas: int, tim
 
 
 def down(settings: Settings) -> list[str]:
-    """Stop everything `up` started, by PID; returns the names of the processes that were running."""
-    stopped = []
-    for name in (SUPERVISOR, JOB, API):
-        if procs.stop(settings, name):
-            stopped.append(name)
-    for name in spark_cluster.started_workers(settings) + [spark_cluster.MASTER]:
-        if procs.stop(settings, name):
-            stopped.append(name)
-    for n in redis_cluster.recorded_nodes(settings):
-        if procs.stop(settings, n.name):
-            stopped.append(n.name)
-    if procs.stop(settings, broker.NAME):
-        stopped.append(broker.NAME)
-    return stopped
+    """Stop everything `up` started, by PID; returns the names of the processes that were running.
+
+    The supervisor goes first (else it would restart what we stop), then job + API, Spark, Redis,
+    broker; the members of each step stop in parallel.
+    """
+    steps = [[SUPERVISOR], [JOB, API], [*spark_cluster.started_workers(settings)], [spark_cluster.MASTER],
+             [n.name for n in redis_cluster.recorded_nodes(settings)], [broker.NAME]]
+    return [name for step in steps for name in procs.stop_many(settings, step)]
 
 
 def _proc_status(settings: Settings, name: str) -> dict:

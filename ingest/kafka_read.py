@@ -46,6 +46,13 @@ def _gone_tail(r: KafkaRange, log_end: int) -> None:
     log.warning("data loss, skipping: %s", msg)
 
 
+def _log_end(c, r: KafkaRange) -> int:  # noqa: ANN001 - confluent Consumer
+    from confluent_kafka import TopicPartition
+    tp = TopicPartition(r.topic, r.partition)
+    hw = c.get_watermark_offsets(tp, cached=True)[1]
+    return hw if hw >= 0 else c.get_watermark_offsets(tp, timeout=5, cached=False)[1]
+
+
 def read_range(r: KafkaRange) -> Iterator[pa.RecordBatch]:
     if r.end <= r.start:
         return iter(())
@@ -97,6 +104,11 @@ def _read_confluent(r: KafkaRange) -> Iterator[pa.RecordBatch]:
                 pos = o + 1
             if msgs:
                 last_progress = time.monotonic()
+            elif 0 <= (hw := _log_end(c, r)) <= pos:
+                # Tansu answers a fetch past the log end with nothing (no EOF, no
+                # OFFSET_OUT_OF_RANGE): the tail latestOffset saw is gone.
+                _gone_tail(r, hw)
+                pos = r.end
             elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
                 raise DataLossError(f"no progress reading {r} at offset {pos} for {STALL_TIMEOUT_S}s")
             if len(values) >= BATCH_ROWS or (pos >= r.end and values):

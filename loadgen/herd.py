@@ -10,17 +10,15 @@ equirectangular projection: exact enough at farm scale, and shared paddock edges
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 import pandas as pd
 import shapely
-import shapely.affinity
 from shapely.geometry import shape
-from shapely.geometry.polygon import orient
 
 COORD_DECIMALS = 7            # ~1 cm; short JSON, and a float parsed back from JSON is the same float
 M_PER_DEG_LAT = 110_574.0
@@ -196,26 +194,30 @@ def _farm_layout(rng: np.random.Generator, n_fences: int, cfg: SimConfig) -> tup
     return geoms, water, (0.0, 0.0, float(width), float(height))
 
 
-def _feature(fence_id: str, name: str, geom: Any, extra: dict) -> tuple[Any, dict]:
-    """GeoJSON Feature whose geometry is rebuilt from its own JSON, so geometry == shape(geojson)."""
-    if isinstance(geom, shapely.MultiPolygon):
-        geom = shapely.MultiPolygon([orient(p, 1.0) for p in geom.geoms])
-    else:
-        geom = orient(geom, 1.0)                                                  # RFC 7946 winding
-    gj = json.loads(shapely.to_geojson(geom))
-    feature = {"type": "Feature", "id": fence_id, "properties": {"name": name, **extra}, "geometry": gj}
-    return shape(gj), feature
+def _features(ids: list[str], names: list[str], geoms_m: np.ndarray, offsets_m: np.ndarray,
+              plane: _Plane) -> tuple[np.ndarray, list[dict]]:
+    """Shift farm-local geometries to the region plane, project, orient (RFC 7946: exterior rings
+    counter-clockwise) and serialize, all vectorized over the fences. The geometries are parsed back
+    from their own GeoJSON, so ``geometry`` is exactly what a consumer of ``geojson`` gets."""
+    geoms = np.array(geoms_m, dtype=object).copy()
+    coords, index = shapely.get_coordinates(geoms, return_index=True)
+    coords = coords + offsets_m[index]
+    lon, lat = plane.to_lonlat(coords[:, 0], coords[:, 1])
+    geoms = shapely.set_coordinates(shapely.transform(geoms, lambda c: c), np.column_stack([lon, lat]))
+    text = shapely.to_geojson(shapely.orient_polygons(geoms, exterior_cw=False))
+    features = [{"type": "Feature", "id": fid, "properties": {"name": name}, "geometry": orjson.loads(t)}
+                for fid, name, t in zip(ids, names, text)]
+    return shapely.from_geojson(text), features
 
 
 def make_farms_and_fences(cfg: SimConfig, rng: np.random.Generator) -> tuple[list[Farm], list[Fence]]:
-    plane = _Plane(*cfg.center)
     total = cfg.fences_total if cfg.fences_total is not None else cfg.farms * cfg.fences_per_farm
     layouts = [_farm_layout(rng, n, cfg) for n in _split(total, cfg.farms)]
     # farms on a jittered square grid; spacing grows with the largest farm so farms never overlap
     spacing = max(cfg.farm_spacing_m, 1.5 * max(max(l[2][2], l[2][3]) for l in layouts))
     side = math.ceil(math.sqrt(cfg.farms))
     farms: list[Farm] = []
-    fences: list[Fence] = []
+    ids, names, farm_of, geoms_m, offsets = [], [], [], [], []
     for f, (geoms, water, (_, _, w, h)) in enumerate(layouts):
         r, c = divmod(f, side)
         ox = (c - (side - 1) / 2) * spacing + rng.uniform(-0.1, 0.1) * spacing - w / 2
@@ -224,10 +226,16 @@ def make_farms_and_fences(cfg: SimConfig, rng: np.random.Generator) -> tuple[lis
         farms.append(Farm(farm_id, f"Farm {f}", (ox + w / 2, oy + h / 2), (ox, oy, ox + w, oy + h),
                           water + (ox, oy)))
         for j, g in enumerate(geoms):
-            kind = "Paddock" if isinstance(g, shapely.Polygon) and len(g.exterior.coords) == 5 else "Zone"
-            fid = f"{farm_id}-fence-{j:03d}"
-            geom, feature = _feature(fid, f"{kind} {f}.{j}", plane.geometry(shapely.affinity.translate(g, ox, oy)), {})
-            fences.append(Fence(fid, feature["properties"]["name"], geom, feature, farm_id))
+            kind = "Paddock" if shapely.get_num_coordinates(g) <= 10 else "Zone"   # rectangle (+ hole)
+            ids.append(f"{farm_id}-fence-{j:03d}")
+            names.append(f"{kind} {f}.{j}")
+            farm_of.append(farm_id)
+            geoms_m.append(g)
+            offsets.append((ox, oy))
+    if not ids:
+        return farms, []
+    geoms, features = _features(ids, names, geoms_m, np.array(offsets), _Plane(*cfg.center))
+    fences = [Fence(fid, name, g, feat, farm) for fid, name, g, feat, farm in zip(ids, names, geoms, features, farm_of)]
     return farms, fences
 
 

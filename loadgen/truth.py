@@ -76,9 +76,8 @@ def expected_events(reports_df: pd.DataFrame, fences: list[Fence],
         for k, j in enumerate(idx):
             shapely.prepare(fences[j].geometry)
             inside[:, k] = shapely.covers(fences[j].geometry, points[rows])
-        local_rows: dict[str, list[int]] = defaultdict(list)
-        for r, i in enumerate(rows):                   # rows stay in arrival order per device
-            local_rows[dev[i]].append(r)
+        # positions of each device's rows within this group, ascending = arrival order
+        local_rows = pd.Series(dev[rows]).groupby(dev[rows], sort=False).indices
         for d, rs in local_rows.items():
             out.extend(_device_events(d, ts[rows[rs]], inside[rs], [fences[j] for j in idx],
                                       [rules[j] for j in idx]))

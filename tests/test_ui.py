@@ -51,6 +51,7 @@ class Browser:
                    HF_CHROMIUM=CHROMIUM, HF_UI_DIR=str(UI_DIR))
         self.proc = subprocess.Popen([NODE, str(SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env, cwd=str(ROOT))
+        self.started = time.time()
         self.msgs: queue.Queue = queue.Queue()
         self.logs: list = []
         self.stderr: list[str] = []
@@ -87,6 +88,7 @@ class Browser:
             pytest.fail(f"browser: no '{step}' within {timeout}s\n{self.diagnostics()}")
         if "error" in msg:
             pytest.fail(f"browser failed while waiting for '{step}': {msg['error']}\n{self.diagnostics()}")
+        print(f"[ui +{time.time() - self.started:.1f}s] {json.dumps(msg)}", flush=True)
         assert msg.get("step") == step, f"expected step {step!r}, got {msg!r}"
         return msg
 

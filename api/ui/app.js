@@ -236,7 +236,8 @@
       errors++;
       if (errors >= 2 && loaded === 0) { $('tile-note').hidden = false; container.classList.add('no-tiles'); }
     });
-    tileLayer.on('tileload', function () {
+    tileLayer.on('tileload', function (e) {
+      if (e.tile && e.tile.src === TRANSPARENT_PNG) return; // the placeholder for a failed tile
       loaded++;
       $('tile-note').hidden = true; container.classList.remove('no-tiles');
     });
@@ -839,7 +840,7 @@
     }).catch(function (err) { handleApiFailure(err, 'Loading alerts'); });
   }
 
-  var ES_TYPES = ['enter', 'exit', 'dwell', 'silent', 'event', 'fence_event'];
+  var ES_TYPES = ['fence', 'enter', 'exit', 'dwell', 'silent', 'event', 'fence_event']; // the API sends `event: fence`
   function openStream() {
     closeStream();
     if (!window.EventSource) return;
@@ -965,7 +966,9 @@
       $('login-btn').disabled = false;
       $('login-view').hidden = false;
       $('app').hidden = true;
-      if (err.status === 401 || err.status === 403) {
+      if (err.status === 403) {
+        $('login-error').textContent = 'This is not a farm key: ' + err.message;
+      } else if (err.status === 401) {
         localStorage.removeItem(LS_KEY);
         $('login-error').textContent = fromStorage ? 'Your saved farm key is no longer valid. Please sign in again.' : 'That farm key was not accepted. Check it and try again.';
       } else {
