@@ -258,22 +258,10 @@ def _hotspot_path(farms: list[Farm], rng: np.random.Generator, t_s: np.ndarray, 
     return stops[leg] + frac[:, None] * (stops[leg + 1] - stops[leg])
 
 
-def simulate(cfg: SimConfig = SimConfig()) -> Simulation:
-    fence_ss, herd_ss = np.random.SeedSequence(cfg.seed).spawn(2)
-    farms, fences = make_farms_and_fences(cfg, np.random.default_rng(fence_ss))
-    rng = np.random.default_rng(herd_ss)
-    D, F, Hf = cfg.devices, len(farms), cfg.herds_per_farm
-    steps = _steps_for(cfg)
-    dt = cfg.report_interval_s
-
-    # devices: contiguous blocks per farm, then per herd
-    dev_farm = np.repeat(np.arange(F), _split(D, F))
-    dev_herd = np.empty(D, dtype=int)                                       # global herd index f*Hf + k
-    for f in range(F):
-        idx = np.flatnonzero(dev_farm == f)
-        dev_herd[idx] = f * Hf + np.repeat(np.arange(Hf), _split(len(idx), Hf))
-    device_ids = np.array([f"cow-{i:06d}" for i in range(D)], dtype=object)
-
+def _walk(cfg: SimConfig, farms: list[Farm], dev_herd: np.ndarray, steps: int,
+          rng: np.random.Generator) -> np.ndarray:
+    """True positions (steps, D, 2) in metres: one numpy step for all devices at a time."""
+    D, F, Hf, dt = len(dev_herd), len(farms), cfg.herds_per_farm, cfg.report_interval_s
     ext = np.array([farms[f].extent_m for f in range(F)])                  # (F, 4)
     herd_farm = np.repeat(np.arange(F), Hf)
     # herds roam a little beyond the fenced area (lanes, yard): some reports are outside every fence
@@ -322,6 +310,27 @@ def simulate(cfg: SimConfig = SimConfig()) -> Simulation:
         pos = pos + move
         heading = np.where(norm > 1e-6, np.arctan2(move[:, 1], move[:, 0]), heading)
         xy[s] = pos
+
+    return xy
+
+
+def simulate(cfg: SimConfig = SimConfig()) -> Simulation:
+    fence_ss, herd_ss = np.random.SeedSequence(cfg.seed).spawn(2)
+    farms, fences = make_farms_and_fences(cfg, np.random.default_rng(fence_ss))
+    rng = np.random.default_rng(herd_ss)
+    D, F, Hf = cfg.devices, len(farms), cfg.herds_per_farm
+    steps = _steps_for(cfg)
+    dt = cfg.report_interval_s
+
+    # devices: contiguous blocks per farm, then per herd
+    dev_farm = np.repeat(np.arange(F), _split(D, F))
+    dev_herd = np.empty(D, dtype=int)                                       # global herd index f*Hf + k
+    for f in range(F):
+        idx = np.flatnonzero(dev_farm == f)
+        dev_herd[idx] = f * Hf + np.repeat(np.arange(Hf), _split(len(idx), Hf))
+    device_ids = np.array([f"cow-{i:06d}" for i in range(D)], dtype=object)
+
+    xy = _walk(cfg, farms, dev_herd, steps, rng)                            # (steps, D, 2) metres
 
     # what the collar reports: GPS noise on every fix, plus rare single multipath strays
     noisy = xy + rng.normal(0, cfg.gps_sigma_m, xy.shape)
