@@ -17,7 +17,7 @@ from deploy.settings import TOPIC_REPORTS
 from fencing import keys
 from fencing.h3util import cells_for_points, cells_to_strs, parent
 from fencing.redis_conn import cluster
-from fencing.routing import RoutingTable
+from fencing.routing import SPLIT_RES, RoutingTable
 from ingest.validate import DeadLetter, parse_kafka_values
 
 KIND_REPORT, KIND_DEAD, KIND_PING = 0, 1, 2
@@ -100,13 +100,28 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: np.ndarray) -> pa
     unique_groups, group_code = np.unique(group_cells, return_inverse=True)
     group_names = np.array(cells_to_strs(unique_groups), dtype=object)
     device_key = pd.Series(farm.astype(str)) + "/" + pd.Series(good.column("device_id").to_pylist())
-    # the route of a device = partition of the group of its latest report in this batch
-    frame = pd.DataFrame({"dkey": device_key, "ts": ts, "g": group_code})
-    latest = frame.sort_values("ts", kind="stable").groupby("dkey", sort=False)["g"].last()
-    device_group = frame["dkey"].map(latest).to_numpy()
-    partition_of_group = np.array([ctx.routing.partition_of(g) for g in group_names], dtype=np.int64)
+    # the route of a device = partition of the group of its last report (arrival order) in this batch
+    frame = pd.DataFrame({"dkey": device_key, "g": group_code})
     salts = np.asarray(ctx.salts, dtype=np.int64)
-    route = salts[partition_of_group[device_group]]
+    if ctx.routing.splits and any(g in ctx.routing.splits for g in group_names):
+        # a split (hot) group is routed by the res-7 child of the device's last report; its fence and
+        # state keys stay at group level, so any partition can serve any child of it
+        unique_children, child_code = np.unique(parent(cells, SPLIT_RES), return_inverse=True)
+        child_names = np.array(cells_to_strs(unique_children), dtype=object)
+        frame["child"] = child_code
+        last = frame.groupby("dkey", sort=False)[["g", "child"]].last()
+        memo: dict[tuple[int, int], int] = {}
+        parts = []
+        for g, c in zip(last["g"].tolist(), last["child"].tolist()):
+            if (g, c) not in memo:
+                memo[(g, c)] = ctx.routing.partition_of_child(group_names[g], child_names[c])
+            parts.append(memo[(g, c)])
+        route = salts[frame["dkey"].map(pd.Series(parts, index=last.index)).to_numpy(np.int64)]
+    else:
+        latest = frame.groupby("dkey", sort=False)["g"].last()
+        device_group = frame["dkey"].map(latest).to_numpy()
+        partition_of_group = np.array([ctx.routing.partition_of(g) for g in group_names], dtype=np.int64)
+        route = salts[partition_of_group[device_group]]
     n = good.num_rows
     return pa.RecordBatch.from_arrays([
         pa.array(np.zeros(n, np.int8)), pa.array(route), pa.array(farm.astype(str).tolist(), pa.string()),

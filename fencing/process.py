@@ -79,7 +79,9 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     counter = CallCounter(ctx.routing, partition)
     frame = reports.select(["farm_id", "device_id", "ts", "lat", "lon", "battery", "cell", "grp"]).to_pandas()
     frame["dkey"] = frame["farm_id"] + "/" + frame["device_id"]
-    frame = frame.sort_values(["dkey", "ts"], kind="stable").reset_index(drop=True)
+    # Arrival (Kafka offset) order per device, not ts order: a late report must meet the state its
+    # device already has, whichever batch it lands in (the shuffle keeps one map task's row order).
+    frame = frame.sort_values("dkey", kind="stable").reset_index(drop=True)
     cells = frame["cell"].to_numpy().view(np.uint64)
 
     cache = process_cache()
@@ -178,7 +180,10 @@ def _write_state(pipe, batch_id, dkey, home, old, state: DeviceState, moved_from
 
 def _write_live(pipe, farm_id, device_id, old, state: DeviceState, frame, lo, hi, battery, pos_cells, found) -> None:
     """Latest position, res-7 position index and fence members: plain overwrites, so a replay is a no-op."""
-    processed = (frame["ts"].to_numpy()[lo:hi] >= (old or {}).get("t", -1 << 62))
+    stamps = frame["ts"].to_numpy()[lo:hi]
+    floor = (old or {}).get("t")
+    running = np.maximum.accumulate(np.r_[floor if floor is not None else np.iinfo(np.int64).min, stamps])
+    processed = stamps >= running[:-1]      # the same rule as transitions.advance: never older than seen
     if not processed.any():
         return   # every report was older than the last processed one
     last = lo + int(np.flatnonzero(processed)[-1])

@@ -17,6 +17,7 @@ from redis.crc import key_slot
 from fencing import keys
 
 DEFAULT_PARTITIONS = 6
+SPLIT_RES = 7        # a split group is routed by the res-7 children of its points
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,21 @@ class RoutingTable:
     nodes: tuple[str, ...]                     # master addresses, sorted; index = node index
     routes: dict[str, int] = field(default_factory=dict)   # explicit group → partition
     aligned: bool = True
+    # hot groups split by their res-7 children: group → {child hex: partition}; a child not listed goes
+    # where the group goes. Fence and state keys stay at group level (one slot per group).
+    splits: dict[str, dict[str, int]] = field(default_factory=dict)
+    # groups whose partition changed in this version: the tasks drop exactly these from their caches
+    moved: tuple[str, ...] = ()
+    shed: bool = False                         # load shedding on (set by the elastic controller)
+
+    def partition_of_child(self, group: str, child: str | None) -> int:
+        """Partition of a report in `group` whose res-SPLIT_RES cell is `child`."""
+        split = self.splits.get(group)
+        if split and child is not None:
+            explicit = split.get(child)
+            if explicit is not None:
+                return explicit
+        return self.partition_of(group)
 
     def partition_of(self, group: str) -> int:
         explicit = self.routes.get(group)
@@ -44,7 +60,20 @@ class RoutingTable:
 
     def to_json(self) -> bytes:
         return orjson.dumps({"version": self.version, "partitions": self.partitions, "routes": self.routes,
-                             "aligned": self.aligned})
+                             "aligned": self.aligned, "splits": self.splits, "moved": list(self.moved),
+                             "shed": self.shed})
+
+    def spec(self) -> dict:
+        return orjson.loads(self.to_json())
+
+    def evolve(self, **changes) -> "RoutingTable":
+        """The next version with `changes` (routes, splits, moved, aligned, shed, partitions)."""
+        fields = {"version": self.version + 1, "partitions": self.partitions, "slot_node": self.slot_node,
+                  "nodes": self.nodes, "routes": dict(self.routes), "aligned": self.aligned,
+                  "splits": {g: dict(c) for g, c in self.splits.items()}, "moved": (), "shed": self.shed}
+        fields.update(changes)
+        fields["moved"] = tuple(fields["moved"])
+        return RoutingTable(**fields)
 
 
 def group_slot(group: str) -> int:
@@ -74,8 +103,15 @@ def load(redis, default_partitions: int = DEFAULT_PARTITIONS) -> RoutingTable:
     raw = redis.get(keys.ROUTING)
     spec = orjson.loads(raw) if raw else {"version": 0, "partitions": default_partitions, "routes": {}}
     table, nodes = slot_map(redis)
-    return RoutingTable(version=spec["version"], partitions=spec["partitions"], slot_node=table, nodes=nodes,
-                        routes=dict(spec.get("routes", {})), aligned=spec.get("aligned", True))
+    return from_spec(spec, table, nodes)
+
+
+def from_spec(spec: dict, slot_node: np.ndarray, nodes: tuple[str, ...]) -> RoutingTable:
+    return RoutingTable(version=spec["version"], partitions=spec["partitions"], slot_node=slot_node, nodes=nodes,
+                        routes={g: int(p) for g, p in spec.get("routes", {}).items()},
+                        aligned=spec.get("aligned", True),
+                        splits={g: {c: int(p) for c, p in ch.items()} for g, ch in spec.get("splits", {}).items()},
+                        moved=tuple(spec.get("moved", ())), shed=bool(spec.get("shed", False)))
 
 
 def publish(redis, table: RoutingTable) -> None:

@@ -142,6 +142,7 @@ def test_farmer_draws_fence_and_sees_exit_alert(stack):
     try:
         signed = b.expect("signed_in", timeout=90)
         assert signed["wrong_key_message"], "a wrong key must show an error message"
+        assert signed["tile_note"], "unreachable map tiles must be reported on the map (and not break it)"
 
         # 1. draw the fence with the mouse and name it; the API must have it
         b.send(cmd="draw", name=fence_name)

@@ -176,6 +176,29 @@
     return f ? (f.feature.properties && f.feature.properties.name) || 'Unnamed fence' : 'fence ' + id;
   }
 
+  // Update a list in place: only <li>s whose markup changed are replaced, so a periodic refresh never
+  // swallows a click or steals the focus / half-typed text of an untouched row.
+  var tpl = document.createElement('template');
+  function patchList(list, htmls) {
+    var kids = list.children;
+    for (var i = 0; i < htmls.length; i++) {
+      var old = kids[i];
+      if (old && old._html === htmls[i]) continue;
+      tpl.innerHTML = htmls[i];
+      var el = tpl.content.firstElementChild;
+      el._html = htmls[i];
+      if (!old) { list.appendChild(el); continue; }
+      var active = document.activeElement;
+      var focusInfo = active && old.contains(active) ? { action: active.dataset.action, input: active.tagName === 'INPUT', value: active.value } : null;
+      list.replaceChild(el, old);
+      if (focusInfo) {
+        var t = focusInfo.input ? el.querySelector('input') : focusInfo.action ? el.querySelector('[data-action="' + focusInfo.action + '"]') : null;
+        if (t) { t.focus(); if (focusInfo.input) t.value = focusInfo.value; } else if (el.tabIndex >= 0) el.focus();
+      }
+    }
+    while (kids.length > htmls.length) list.removeChild(list.lastElementChild);
+  }
+
   // ---------------------------------------------------------------- map
   function initMap() {
     var view = null;
@@ -193,7 +216,6 @@
     map.getPane('fenceLabels').style.pointerEvents = 'none';
 
     L.control.scale({ imperial: true, metric: true, position: 'bottomleft' }).addTo(map);
-    map.attributionControl.setPrefix('<a href="https://leafletjs.com" target="_blank" rel="noopener">Leaflet</a>');
 
     trailGroup = L.layerGroup().addTo(map);
     fenceGroup = L.featureGroup().addTo(map);
@@ -223,7 +245,7 @@
   function setTiles(url) {
     if (tileLayer) { map.removeLayer(tileLayer); tileLayer = null; }
     var container = map.getContainer();
-    $('tile-note').hidden = true;
+    setTileNote(false);
     url = (url || '').trim();
     if (!url) { container.classList.add('no-tiles'); return; }
     container.classList.remove('no-tiles');
@@ -234,14 +256,19 @@
     });
     tileLayer.on('tileerror', function () {
       errors++;
-      if (errors >= 2 && loaded === 0) { $('tile-note').hidden = false; container.classList.add('no-tiles'); }
+      if (errors >= 2 && loaded === 0) { setTileNote(true); container.classList.add('no-tiles'); }
     });
     tileLayer.on('tileload', function (e) {
       if (e.tile && e.tile.src === TRANSPARENT_PNG) return; // the placeholder for a failed tile
       loaded++;
-      $('tile-note').hidden = true; container.classList.remove('no-tiles');
+      setTileNote(false); container.classList.remove('no-tiles');
     });
     tileLayer.addTo(map);
+  }
+
+  var LEAFLET_PREFIX = '<a href="https://leafletjs.com" target="_blank" rel="noopener">Leaflet</a>';
+  function setTileNote(on) {
+    map.attributionControl.setPrefix((on ? '<span id="tile-note" data-testid="tile-note">Map tiles unavailable — grid only</span> · ' : '') + LEAFLET_PREFIX);
   }
 
   // Lat/lon grid that adapts to the zoom level; drawn in its own non-interactive pane.
@@ -369,9 +396,7 @@
     });
     $('fence-count').textContent = ids.length;
     $('fence-empty').hidden = ids.length > 0;
-    var active = document.activeElement;
-    var keepFocus = active && list.contains(active) ? { id: active.closest('[data-fence-id]') && active.closest('[data-fence-id]').dataset.fenceId, action: active.dataset.action, isInput: active.tagName === 'INPUT', value: active.value } : null;
-    list.innerHTML = ids.map(function (id) {
+    patchList(list, ids.map(function (id) {
       var e = state.fences.get(id);
       var name = fenceName(id);
       var n = counts[id] || 0;
@@ -403,12 +428,7 @@
         '<div class="fence-head"><span class="swatch" style="background:' + e.color + '" aria-hidden="true"></span>' +
         '<div class="fence-main"><span class="fence-name">' + esc(name) + '</span><span class="fence-meta">' + esc(meta) + '</span></div></div>' +
         actions + '</li>';
-    }).join('');
-    if (keepFocus && keepFocus.id) {
-      var li = list.querySelector('[data-fence-id="' + CSS.escape(keepFocus.id) + '"]');
-      var target = li && (keepFocus.isInput ? li.querySelector('input') : li.querySelector('[data-action="' + keepFocus.action + '"]'));
-      if (target) { target.focus(); if (keepFocus.isInput) target.value = keepFocus.value; }
-    }
+    }));
   }
 
   function focusFence(id) {
@@ -685,10 +705,10 @@
     $('herd-count').textContent = ids.length;
     $('device-empty').hidden = ids.length > 0;
     $('herd-summary').innerHTML = ids.length ? '<strong>' + (ids.length - out) + '</strong> inside a fence · <strong style="color:#d62c2c">' + out + '</strong> outside' : '';
-    $('device-list').innerHTML = ids.map(function (id) {
+    patchList($('device-list'), ids.map(function (id) {
       var d = state.devices.get(id);
       var st = d.inside ? 'inside' : 'outside';
-      var where = d.inside ? 'In ' + d.fences.map(fenceName).join(', ') : 'Outside all fences';
+      var where = (d.inside ? 'In ' + d.fences.map(fenceName).join(', ') : 'Outside all fences') + (d.herd ? ' · herd ' + d.herd : '');
       var batt = d.battery == null ? '<span class="battery">battery —</span>' :
         '<span class="battery' + (d.battery < 20 ? ' is-low' : '') + '" title="Battery ' + d.battery + '%">' +
         '<span class="battery-bar" aria-hidden="true"><span class="battery-fill" style="width:' + d.battery + '%"></span></span>' + d.battery + '%</span>';
@@ -697,7 +717,7 @@
         '<div class="device-main"><div class="device-name">' + esc(id) + '</div>' +
         '<div class="device-where' + (d.inside ? '' : ' is-out') + '">' + esc(where) + '</div></div>' +
         '<div class="device-side"><div class="last-seen" title="' + esc(d.ts ? d.ts.toISOString() : '') + '">' + esc(ago(d.ts)) + '</div>' + batt + '</div></li>';
-    }).join('');
+    }));
   }
 
   function focusDevice(id) {
@@ -772,13 +792,13 @@
     var badge = $('alert-count');
     badge.hidden = state.unseenExits === 0;
     badge.textContent = state.unseenExits;
-    $('alerts').innerHTML = items.map(function (e) {
+    patchList($('alerts'), items.map(function (e) {
       var t = String(e.type).toLowerCase();
       return '<li data-type="' + esc(t) + '" data-event-id="' + esc(e._key) + '" data-device-id="' + esc(e.device_id) + '" data-fence-id="' + esc(e.fence_id) + '" data-testid="alert-item"' + (e._new ? ' class="is-new"' : '') + '>' +
         '<span class="alert-icon" aria-hidden="true">' + (ICONS[t] || '•') + '</span>' +
         '<div class="alert-text"><div class="alert-title">' + esc(eventText(e)) + '</div>' +
         '<div class="alert-time"><time datetime="' + esc(e._date.toISOString()) + '">' + esc(clock(e._date)) + '</time> · ' + esc(t.toUpperCase()) + '</div></div></li>';
-    }).join('');
+    }));
   }
 
   function alarm(e) {

@@ -88,9 +88,11 @@ async function signIn() {
   await page.locator('#app').waitFor({ state: 'visible', timeout: 15000 });
   await page.locator('#map .leaflet-pm-toolbar').waitFor({ state: 'visible', timeout: 15000 });
   await page.waitForFunction(() => document.querySelector('#conn-status').dataset.state !== 'connecting', null, { timeout: 15000 });
+  // the tile server is unreachable: the map must say so and keep working on its own background
+  const tileNote = await page.locator('#tile-note').waitFor({ state: 'attached', timeout: 10000 }).then(() => true, () => false);
   const stored = await page.evaluate(() => localStorage.getItem('herdfence.apiKey'));
   if (stored !== KEY) throw new Error('API key was not stored in localStorage');
-  return wrongMsg.trim();
+  return { wrongMsg: wrongMsg.trim(), tileNote };
 }
 
 async function drawFence(name) {
@@ -158,9 +160,9 @@ async function run() {
   page = await context.newPage();
   watch(page, 'desktop');
 
-  const wrongMsg = await signIn();
+  const { wrongMsg, tileNote } = await signIn();
   await shot('01-signed-in');
-  emit({ step: 'signed_in', wrong_key_message: wrongMsg });
+  emit({ step: 'signed_in', wrong_key_message: wrongMsg, tile_note: tileNote });
 
   let cmd = await nextCommand();
   const drawn = await drawFence(cmd.name || 'North paddock');
