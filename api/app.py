@@ -10,7 +10,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
-from api import metrics, routes_fences, routes_query, routes_reports
+import asyncio
+
+from api import metrics, routes_fences, routes_query, routes_reports, webhooks
 from api.limits import BodySizeLimit
 from deploy.settings import load_settings
 
@@ -32,7 +34,9 @@ async def lifespan(app: FastAPI):
         return ReportProducer(settings.kafka_bootstrap)
 
     app.state.producer = producer
+    delivery = asyncio.create_task(webhooks.Deliverer(app.state.redis).run())
     yield
+    delivery.cancel()
     if producer.cache_info().currsize:
         producer().close()
 
@@ -70,6 +74,7 @@ def index() -> FileResponse:
 app.include_router(routes_fences.router)
 app.include_router(routes_reports.router)
 app.include_router(routes_query.router)
+app.include_router(webhooks.router)
 app.mount("/ui", StaticFiles(directory=UI_DIR), name="ui")
 if (NODE_MODULES / "leaflet").exists():
     app.mount("/vendor/leaflet", StaticFiles(directory=NODE_MODULES / "leaflet" / "dist"), name="leaflet")

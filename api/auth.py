@@ -4,10 +4,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import time
 from dataclasses import dataclass
 
 from fastapi import Depends, HTTPException, Request
 
+from api import limits
 from fencing import keys
 
 
@@ -58,6 +60,8 @@ def principal(request: Request) -> Principal:
     if found is None:
         raise HTTPException(401, "missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
     request.state.farm_id = found.farm_id
+    if not limits.FARM_REQUESTS.allow(found.farm_id, time.monotonic()):
+        raise HTTPException(429, "too many requests for this farm; slow down", headers={"Retry-After": "1"})
     return found
 
 

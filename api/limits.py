@@ -39,3 +39,33 @@ class BodySizeLimit:
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+
+class TokenBucket:
+    """Requests per second with a burst, per key (farm or device), in this API process."""
+
+    def __init__(self, rate: float, burst: float):
+        self.rate, self.burst = rate, burst
+        self._state: dict[str, tuple[float, float]] = {}
+
+    def allow(self, key: str, now: float) -> bool:
+        tokens, last = self._state.get(key, (self.burst, now))
+        tokens = min(self.burst, tokens + (now - last) * self.rate)
+        if tokens < 1:
+            self._state[key] = (tokens, now)
+            return False
+        self._state[key] = (tokens - 1, now)
+        if len(self._state) > 100_000:   # forget idle keys rather than grow without bound
+            self._state.clear()
+        return True
+
+
+def _env_rate(name: str, default: float) -> float:
+    import os
+    return float(os.environ.get(name, default))
+
+
+# Report posting is the write path devices hammer; reads are cheap and only capped per farm.
+DEVICE_REPORTS = TokenBucket(_env_rate("HERDFENCE_RATE_DEVICE", 20), 2 * _env_rate("HERDFENCE_RATE_DEVICE", 20))
+FARM_REPORTS = TokenBucket(_env_rate("HERDFENCE_RATE_FARM_REPORTS", 500), 2 * _env_rate("HERDFENCE_RATE_FARM_REPORTS", 500))
+FARM_REQUESTS = TokenBucket(_env_rate("HERDFENCE_RATE_FARM", 50_000), 2 * _env_rate("HERDFENCE_RATE_FARM", 50_000))

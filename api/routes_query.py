@@ -4,7 +4,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Body, Depends, Query, Request
 from fastapi.responses import StreamingResponse
 
-from api import events, live, tenancy
+from api import events, history, live, tenancy
 from api.auth import Principal, farm_principal, principal
 from api.errors import not_found, unprocessable
 from fencing.timeutil import iso, to_ms
@@ -100,3 +100,19 @@ async def stream_events(request: Request, who: Principal = Depends(farm_principa
     return StreamingResponse(events.stream(request.app.state.redis, who.farm_id, last_id, request.is_disconnected),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.get("/positions/history", summary="Past positions from the Parquet history (device_id or herd, from, to)")
+def positions_history(request: Request, device_id: str | None = None, herd: str | None = None,
+                      from_: str | None = Query(None, alias="from", description="ISO 8601 or epoch ms"),
+                      to: str | None = Query(None, description="ISO 8601 or epoch ms"),
+                      limit: int = Query(10_000, ge=1, le=history.MAX_ROWS),
+                      who: Principal = Depends(farm_principal)) -> dict:
+    try:
+        start = to_ms(from_) if from_ is not None else None
+        end = to_ms(to) if to is not None else None
+    except ValueError as err:
+        raise unprocessable(str(err)) from None
+    table = history.farm_history(request.app.state.redis, str(request.app.state.settings.history_dir),
+                                 who.farm_id, device_id=device_id, herd=herd, from_ms=start, to_ms_=end, limit=limit)
+    return history.as_feature_collection(table)

@@ -1,9 +1,11 @@
 """POST /v1/reports: validate, bind to the caller's farm and device, produce to Kafka `gps.reports`."""
 from __future__ import annotations
 
+import time
+
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
 
-from api import tenancy
+from api import limits, tenancy
 from api.auth import Principal, principal
 from api.metrics import METRICS
 from ingest.producer import BrokerUnavailable
@@ -20,6 +22,11 @@ REPORTS_EXAMPLE = {"reports": [{"device_id": "cow-17", "ts": "2026-11-22T06:00:0
              summary="Post GPS reports (up to 10,000 per request); invalid ones are rejected with a reason")
 def post_reports(request: Request, body: dict = Body(..., examples=[REPORTS_EXAMPLE]),
                  who: Principal = Depends(principal)) -> dict:
+    now = time.monotonic()
+    bucket, key = (limits.DEVICE_REPORTS, f"{who.farm_id}/{who.device_id}") if who.is_device else \
+        (limits.FARM_REPORTS, who.farm_id)
+    if not bucket.allow(key, now):
+        raise HTTPException(429, "too many report requests; batch reports or slow down", headers={"Retry-After": "1"})
     reports = body.get("reports") if isinstance(body, dict) else None
     if not isinstance(reports, list):
         raise HTTPException(422, 'body must be {"reports": [ ... ]}')

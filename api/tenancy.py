@@ -69,3 +69,57 @@ def device_records(redis, farm_id: str, device_ids: list[str]) -> dict[str, dict
         return {}
     values = redis.hmget(keys.farm_devices(farm_id), device_ids)
     return {d: orjson.loads(v) for d, v in zip(device_ids, values) if v}
+
+
+def herd_of(raw: str | bytes | None) -> str | None:
+    return orjson.loads(raw).get("herd") if raw else None
+
+
+def register_devices_bulk(redis, devices, with_tokens: bool = False, chunk: int = 10_000) -> dict[str, str]:
+    """Register many devices with a few pipelines: ``devices`` = (farm_id, device_id, herd) triples.
+
+    Same records as `register_device` (an existing device keeps its record; herd is updated; a new
+    token replaces the old one); returns {device_id: token} when ``with_tokens``. Per chunk: one
+    HMGET per farm and one of the registry, then one HSET per farm and one of the registry."""
+    devices = list(devices)
+    for _, device_id, herd in devices:
+        if not DEVICE_ID.match(device_id):
+            raise ValueError(f"invalid device_id {device_id!r}")
+        if herd is not None and not HERD.match(herd):
+            raise ValueError(f"invalid herd {herd!r}")
+    tokens: dict[str, str] = {}
+    now = int(time.time() * 1000)
+    for start in range(0, len(devices), chunk):
+        part = devices[start:start + chunk]
+        by_farm: dict[str, list[tuple[str, str | None]]] = {}
+        for farm_id, device_id, herd in part:
+            by_farm.setdefault(farm_id, []).append((device_id, herd))
+        ids = sorted({d for _, d, _ in part})
+        pipe = redis.pipeline()
+        for farm_id, rows in by_farm.items():
+            pipe.hmget(keys.farm_devices(farm_id), [d for d, _ in rows])
+        pipe.hmget(keys.DEVICE_REGISTRY, ids)
+        answers = pipe.execute()
+        registry = dict(zip(ids, answers[-1]))
+        pipe = redis.pipeline()
+        for (farm_id, rows), existing in zip(by_farm.items(), answers[:-1]):
+            mapping = {}
+            for (device_id, herd), raw in zip(rows, existing):
+                record = orjson.loads(raw) if raw else {"created": now}
+                if herd is not None:
+                    record["herd"] = herd
+                if with_tokens:
+                    token = new_secret("hfd")
+                    if record.get("token_hash"):
+                        pipe.delete(keys.devtoken(record["token_hash"]))
+                    record["token_hash"] = hash_secret(token)
+                    pipe.set(keys.devtoken(record["token_hash"]), f"{farm_id}\t{device_id}")
+                    tokens[device_id] = token
+                mapping[device_id] = orjson.dumps(record)
+                farms = set(registry[device_id].split(",")) if registry.get(device_id) else set()
+                farms.add(farm_id)
+                registry[device_id] = ",".join(sorted(farms))
+            pipe.hset(keys.farm_devices(farm_id), mapping=mapping)
+        pipe.hset(keys.DEVICE_REGISTRY, mapping={d: registry[d] for d in ids})
+        pipe.execute()
+    return tokens

@@ -15,7 +15,7 @@ from deploy.settings import load_settings
 def _cmd_up(args: argparse.Namespace) -> int:
     from deploy import stack
     result = stack.up(load_settings(), detach=args.detach, spark_workers=args.spark_workers,
-                      redis_replicas=args.redis_replicas)
+                      redis_replicas=args.redis_replicas, timeout=args.timeout)
     if args.detach:
         print(json.dumps(result, indent=1))
         return 0 if result["ok"] else 1
@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run the job on a local Spark standalone cluster with N workers")
     up.add_argument("--redis-replicas", type=int, default=0, choices=(0, 1), metavar="N",
                     help="replicas per Redis master (0 or 1)")
+    up.add_argument("--timeout", type=float, default=180.0, metavar="S",
+                    help="seconds to wait for the API and the job's first micro-batch (default 180)")
     up.set_defaults(func=_cmd_up)
 
     sub.add_parser("down", help="stop everything `up` started").set_defaults(func=_cmd_down)

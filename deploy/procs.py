@@ -233,6 +233,13 @@ def stop_pid(pid: int, markers: list[str], timeout: float = 10.0) -> bool:
     return True
 
 
+def kill_leftovers(pid: int) -> None:
+    """After a component leader died on its own: kill what is left of its group (e.g. the JVM of a
+    crashed PySpark driver). Safe from PID reuse: Linux hands out no PID equal to a live group id."""
+    if _group_exists(pid):
+        _signal(pid, signal.SIGKILL, True)
+
+
 def _group_exists(pgid: int) -> bool:
     """A live (non-zombie) process is still in the group. killpg(pgid, 0) would also count zombies
     that another process (e.g. the pytest that started them) has not reaped yet."""

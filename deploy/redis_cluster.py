@@ -15,7 +15,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from deploy import procs
-from deploy.settings import REDIS_MASTERS, Settings
+from deploy.settings import Settings
 
 SLOTS = 16384
 FOREIGN_PORT = 6379          # somebody else's Redis on this machine: never start or stop anything there

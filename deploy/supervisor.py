@@ -69,6 +69,7 @@ class Supervisor:
             if now >= track.next_try:
                 track.attempts += 1
                 track.next_try = None
+                procs.kill_leftovers(rec.pid)
                 try:
                     new = procs.start(self.settings, rec.spec, restarts=rec.restarts + 1)
                     self.log(f"restarted {name} as pid {new.pid} (restart #{new.restarts})")

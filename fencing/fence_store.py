@@ -160,3 +160,152 @@ def delete_fence(redis, farm_id: str, fence_id: str) -> bool:
     pipe.delete(keys.members(farm_id, fence_id))
     pipe.execute()
     return True
+
+
+# --- bulk load (benchmarks, imports) ---------------------------------------------------------------
+def validate_features_bulk(features: list) -> list:
+    """Like `validate_feature` for many Features at once: each entry is a ValidFence or the FenceError
+    that `validate_feature` would raise. Parsing and rule checks run per fence (same strict code);
+    the H3 covers of all fences are computed together (one polyfill call, one vectorized
+    covers/intersects over every (fence, candidate cell) pair), ~20x faster than one `cover` each."""
+    out: list = [None] * len(features)
+    parsed: list[tuple[int, dict, shapely.Geometry, FenceRules]] = []
+    for i, feature in enumerate(features):
+        try:
+            if not isinstance(feature, dict) or feature.get("type") != "Feature":
+                raise FenceError('body must be a GeoJSON Feature object with type "Feature"')
+            props = feature.get("properties")
+            if not isinstance(props, dict):
+                raise FenceError("properties must be an object with a name")
+            name = props.get("name")
+            if not isinstance(name, str) or not name.strip() or len(name) > 200:
+                raise FenceError("properties.name must be a non-empty string of at most 200 characters")
+            rules = FenceRules.from_properties(props)
+            parsed.append((i, feature, parse_fence_geometry(feature.get("geometry")), rules))
+        except FenceError as err:
+            out[i] = err
+    if not parsed:
+        return out
+    geoms = np.array([p[2] for p in parsed], dtype=object)
+    covers = _bulk_covers(geoms)
+    for (i, feature, geom, rules), (interior, boundary) in zip(parsed, covers):
+        fence = ValidFence(feature={"type": "Feature", "geometry": feature["geometry"],
+                                    "properties": dict(feature["properties"])},
+                           geometry=geom, rules=rules, interior=interior, boundary=boundary)
+        fence.groups = _split_by_group(interior, boundary)
+        out[i] = fence
+    return out
+
+
+def _bulk_covers(geoms: np.ndarray, res: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`fencing.geometry.cover` of every geometry, vectorized across fences (same candidates, same
+    margin, same classification, so the same cells)."""
+    import pyarrow as pa
+    from h3ronpy import ContainmentMode
+    from h3ronpy.vector import cells_to_wkb_polygons, wkb_to_cells
+
+    from fencing.geometry import _margin_deg
+    from fencing.h3util import cells_for_points
+    from fencing.keys import FENCE_RES
+
+    res = FENCE_RES if res is None else res
+    eps = _margin_deg(res)
+    n = len(geoms)
+    grown_fences = shapely.buffer(geoms, eps, quad_segs=1, join_style="mitre")
+    lists = pa.array(wkb_to_cells(pa.array(shapely.to_wkb(grown_fences), pa.binary()), res,
+                                  ContainmentMode.Covers))
+    offsets = np.asarray(lists.offsets)
+    poly_cells = np.asarray(lists.values.to_numpy(zero_copy_only=False), dtype=np.uint64)
+    poly_fence = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+    xy, vert_fence = shapely.get_coordinates(geoms, return_index=True)
+    vert_cells = cells_for_points(xy[:, 1], xy[:, 0], res)
+    fence_idx = np.concatenate([poly_fence, vert_fence.astype(np.int64)])
+    cells = np.concatenate([poly_cells, vert_cells])
+    order = np.lexsort((cells, fence_idx))
+    fence_idx, cells = fence_idx[order], cells[order]
+    keep = np.r_[True, (fence_idx[1:] != fence_idx[:-1]) | (cells[1:] != cells[:-1])]
+    fence_idx, cells = fence_idx[keep], cells[keep]
+    distinct, pos = np.unique(cells, return_inverse=True)
+    hexes = shapely.from_wkb(np.asarray(cells_to_wkb_polygons(distinct).to_pylist(), dtype=object))
+    grown = shapely.buffer(hexes, eps, quad_segs=1, join_style="mitre")
+    b = shapely.bounds(hexes)
+    straddles = ((b[:, 2] - b[:, 0]) > 180.0)[pos]
+    shapely.prepare(geoms)
+    inside = shapely.covers(geoms[fence_idx], grown[pos]) & ~straddles
+    touches = straddles | shapely.intersects(geoms[fence_idx], grown[pos])
+    bounds = np.searchsorted(fence_idx, np.arange(n + 1))
+    out = []
+    for k in range(n):
+        c, i, t = cells[bounds[k]:bounds[k + 1]], inside[bounds[k]:bounds[k + 1]], touches[bounds[k]:bounds[k + 1]]
+        out.append((np.sort(c[i]), np.sort(c[t & ~i])))
+    return out
+
+
+def save_fences_bulk(redis, farm_id: str | None, fences, chunk: int = 5_000) -> list[dict]:
+    """Create or replace many fences with few, large pipelines; returns the saved Features.
+
+    ``fences``: (fence_id, fence) pairs of the farm ``farm_id`` — or, with ``farm_id=None``,
+    (farm_id, fence_id, fence) triples of any farms — where a fence is a ValidFence or a GeoJSON
+    Feature (validated in bulk; an invalid one raises FenceError naming it). The records written are
+    exactly those of `save_fence` (versions continue from existing fences, groups a replaced fence
+    left are cleared); commands are batched per key: one HSET per cell-group hash and one INCR per
+    touched group per chunk, one MSET and one SADD per farm, so 100k fences load in seconds."""
+    items = [(farm_id, *f) for f in fences] if farm_id is not None else [tuple(f) for f in fences]
+    todo = [i for i, it in enumerate(items) if not isinstance(it[2], ValidFence)]
+    if todo:
+        checked = validate_features_bulk([items[i][2] for i in todo])
+        for i, v in zip(todo, checked):
+            if isinstance(v, FenceError):
+                raise FenceError(f"fence {items[i][1]!r}: {v}")
+            items[i] = (items[i][0], items[i][1], v)
+    saved: list[dict] = []
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    for start in range(0, len(items), chunk):
+        part = items[start:start + chunk]
+        by_farm: dict[str, list[int]] = {}
+        for k, (farm, _, _) in enumerate(part):
+            by_farm.setdefault(farm, []).append(k)
+        pipe = redis.pipeline()
+        for farm, ks in by_farm.items():      # previous versions: one MGET per farm (one slot)
+            pipe.mget([keys.fence(farm, part[k][1]) for k in ks])
+        previous: list[dict | None] = [None] * len(part)
+        for (farm, ks), raws in zip(by_farm.items(), pipe.execute()):
+            for k, raw in zip(ks, raws):
+                previous[k] = orjson.loads(raw) if raw else None
+        group_records: dict[str, dict[str, bytes]] = {}
+        group_drops: dict[str, list[str]] = {}
+        farm_docs: dict[str, dict[str, bytes]] = {}
+        uids = []
+        for k, (farm, fence_id, fence) in enumerate(part):
+            uid = fence_uid(farm, fence_id)
+            uids.append(uid)
+            prev = previous[k]
+            version = (prev["version"] + 1) if prev else 1
+            feature = {**fence.feature, "id": fence_id}
+            feature["properties"] = {**feature["properties"], "version": version, "updated": stamp}
+            wkb = shapely.to_wkb(fence.geometry, hex=True)
+            rules = fence.rules
+            for group, (interior, boundary) in fence.groups.items():
+                record = {"uid": uid, "farm": farm, "fid": fence_id, "ver": version, "wkb": wkb,
+                          "interior": interior, "boundary": boundary,
+                          "debounce_reports": rules.debounce_reports,
+                          "debounce_seconds": rules.debounce_seconds, "dwell_seconds": rules.dwell_seconds}
+                group_records.setdefault(group, {})[uid] = orjson.dumps(record)
+            for group in (set(prev["groups"]) - set(fence.groups)) if prev else ():
+                group_drops.setdefault(group, []).append(uid)
+            farm_docs.setdefault(farm, {})[keys.fence(farm, fence_id)] = orjson.dumps(
+                {"feature": feature, "version": version, "groups": sorted(fence.groups)})
+            saved.append(feature)
+        pipe = redis.pipeline()
+        for group, mapping in group_records.items():
+            pipe.hset(keys.group_fences(group), mapping=mapping)
+        for group, drop in group_drops.items():
+            pipe.hdel(keys.group_fences(group), *drop)
+        for group in set(group_records) | set(group_drops):
+            pipe.incr(keys.group_version(group))
+        for farm, docs in farm_docs.items():
+            pipe.mset(docs)
+            pipe.sadd(keys.farm_fences(farm), *[key.rsplit(":", 1)[1] for key in docs])
+        pipe.srem(DELETED_FENCES, *uids)
+        pipe.execute()
+    return saved

@@ -23,12 +23,14 @@ from fencing.prepare import PREPARED_DDL, PrepareContext, prepare_partition
 from fencing.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_STATS, \
     ProcessContext, process_partition
 from fencing.redis_conn import cluster
+from fencing.silent import SilentScanner
 from fencing.sinks import Sinks
 from fencing.spark_session import build_session
 
 log = logging.getLogger("herdfence.job")
 MAX_OFFSETS_PER_TRIGGER = int(os.environ.get("HERDFENCE_MAX_OFFSETS_PER_TRIGGER", "250000"))
 TRIGGER = os.environ.get("HERDFENCE_TRIGGER", "250 milliseconds")
+ELASTIC = os.environ.get("HERDFENCE_ELASTIC", "1") not in ("0", "false", "no", "")
 
 
 class BatchProcessor:
@@ -42,7 +44,8 @@ class BatchProcessor:
         self.sinks = Sinks(self.redis, KafkaWriter(settings.kafka_bootstrap))
         self.observer = observer              # the elastic controller, when running
         self._salts: dict[int, list[int]] = {}
-        self.totals = {"events": 0, "dead": 0, "points": 0, "redis_local": 0, "redis_cross": 0}
+        self.totals = {"events": 0, "dead": 0, "points": 0, "redis_local": 0, "redis_cross": 0, "shed": 0}
+        self.elastic = ELASTIC
 
     def salts(self, n: int) -> list[int]:
         """For each partition p a long value that Spark's hash partitioner sends to p."""
@@ -61,10 +64,14 @@ class BatchProcessor:
         host, port = self.settings.redis_node
         prep = PrepareContext(host, port, table, self.salts(n))
         deleted = frozenset(self.redis.smembers(DELETED_FENCES))
-        proc = ProcessContext(batch_id, host, port, table, deleted)
+        proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir))
         prepared = df.mapInArrow(lambda it: prepare_partition(prep, it), PREPARED_DDL)
-        rows = (prepared.repartition(n, "route")
-                .mapInArrow(lambda it: process_partition(proc, it), OUTPUT_DDL).collect())
+        if self.elastic:   # the elastic wrapper: moved-group cache invalidation, child loads, shedding
+            from fencing.elastic import elastic_process
+            stage = lambda it: elastic_process(proc, it)   # noqa: E731
+        else:
+            stage = lambda it: process_partition(proc, it)   # noqa: E731
+        rows = prepared.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).collect()
         events, dead, pings, stats = [], [], [], []
         for row in rows:
             if row.kind == OUT_KIND_EVENT:
@@ -85,15 +92,39 @@ class BatchProcessor:
         self.totals["points"] += points
         self.totals["redis_local"] += sum(s.get("redis_local", 0) for s in stats)
         self.totals["redis_cross"] += sum(s.get("redis_cross", 0) for s in stats)
+        shed = sum(s.get("shed", 0) for s in stats)
+        self.totals["shed"] += shed
         beat = {"batch_id": batch_id, "time": time.time(), "duration_s": round(time.time() - started, 3),
                 "points": points, "events": len(events), "dead_letters": len(dead),
                 "routing_version": routing_version, "partitions": sorted(stats, key=lambda s: s["partition"]),
                 "events_total": self.totals["events"], "dead_letters_total": self.totals["dead"],
                 "points_total": self.totals["points"], "redis_local_total": self.totals["redis_local"],
-                "redis_cross_total": self.totals["redis_cross"]}
+                "redis_cross_total": self.totals["redis_cross"], "shed": shed, "shed_total": self.totals["shed"],
+                "lag": self._lag()}
         self.redis.set(keys.JOB_HEARTBEAT, orjson.dumps(beat))
+        self.redis.lpush(keys.JOB_HEARTBEAT + ":log", orjson.dumps(beat))   # recent beats (elastic scenario)
+        self.redis.ltrim(keys.JOB_HEARTBEAT + ":log", 0, 4999)
         if self.observer is not None:
             self.observer(beat)
+
+
+    def _lag(self) -> int:
+        """Records in the source not yet processed (latest offset minus the batch's end offset), from the
+        query's last progress report: one batch late, no extra Kafka round trip."""
+        try:
+            lag = 0
+            for query in self.spark.streams.active:
+                progress = query.lastProgress or {}
+                for source in progress.get("sources", []):
+                    latest, end = source.get("latestOffset"), source.get("endOffset")
+                    latest = orjson.loads(latest) if isinstance(latest, str) else latest
+                    end = orjson.loads(end) if isinstance(end, str) else end
+                    if isinstance(latest, dict) and isinstance(end, dict):
+                        lag += sum(max(0, int(v) - int(end.get(k, v))) for k, v in latest.items()
+                                   if isinstance(v, (int, float, str)) and str(v).lstrip("-").isdigit())
+            return lag
+        except Exception:  # noqa: BLE001 - a metric, never a failure
+            return 0
 
 
 def start_query(spark: SparkSession, settings: Settings, processor: BatchProcessor,
@@ -118,7 +149,11 @@ def main() -> None:
     settings.home.mkdir(parents=True, exist_ok=True)
     spark = build_session(settings.spark_master_url)
     processor = BatchProcessor(spark, settings)
+    if ELASTIC:
+        from fencing.elastic import Controller
+        processor.observer = Controller(processor.redis)
     query = start_query(spark, settings, processor)
+    SilentScanner(processor.redis, processor.sinks).start()
     log.info("herdfence job started: kafka=%s redis=%s:%s master=%s", settings.kafka_bootstrap,
              *settings.redis_node, settings.spark_master_url)
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark import TaskContext
 
-from fencing import keys
+from fencing import history, keys
 from fencing.fence_cache import process_cache
 from fencing.h3util import cell_to_str, parent
 from fencing.prepare import KIND_REPORT
@@ -35,6 +35,7 @@ class ProcessContext:
     redis_port: int
     routing: RoutingTable
     deleted: frozenset[str]
+    history_dir: str = ""       # Parquet history root (shared storage on a cluster); "" = none
 
 
 class CallCounter:
@@ -65,6 +66,7 @@ def process_partition(ctx: ProcessContext, batches):
                 for i, k in enumerate(kinds) if k != KIND_REPORT]
         reports = table.filter(pa.array(kinds == KIND_REPORT))
         if reports.num_rows:
+            history.write_batch(ctx.history_dir, ctx.batch_id, partition, reports)
             events, stats = _process_reports(ctx, partition, reports)
             side += [(OUT_KIND_EVENT, orjson.dumps(e.__dict__).decode()) for e in events]
             stats["events"] = len(events)

@@ -35,11 +35,7 @@ class Sinks:
     def write(self, batch_id: int, events: list[dict], dead_letters: list[str], pings: list[str]) -> int:
         """Returns how many events were new to Redis."""
         events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
-        new = 0
-        for event in events:
-            farm_id, body = event["farm_id"], public_event(event)
-            new += self.add_event(keys=[keys.event_data(farm_id), keys.events(farm_id), keys.event_stream(farm_id)],
-                                  args=[event["event_id"], orjson.dumps(body), event["ts"], STREAM_MAXLEN])
+        new = self._add_to_redis(events)
         marker = keys.SINK_DONE.format(batch_id)
         if not self.redis.get(marker):
             # Kafka has no upsert: the marker keeps a replayed batch from producing again; consumers can
@@ -50,4 +46,21 @@ class Sinks:
             self.redis.set(marker, "1", ex=7 * 24 * 3600)
         for ping in pings:
             self.redis.set(f"job:ping:{ping}", batch_id, ex=3600)
+        return len(new)
+
+    def _add_to_redis(self, events: list[dict]) -> list[dict]:
+        """Each event into its farm's log unless its id is there already; returns the new ones."""
+        new = []
+        for event in events:
+            farm_id, body = event["farm_id"], public_event(event)
+            if self.add_event(keys=[keys.event_data(farm_id), keys.events(farm_id), keys.event_stream(farm_id)],
+                              args=[event["event_id"], orjson.dumps(body), event["ts"], STREAM_MAXLEN]):
+                new.append(event)
         return new
+
+    def write_once(self, events: list[dict]) -> int:
+        """Events outside any batch (the silent scanner): Kafka gets only those new to Redis."""
+        new = self._add_to_redis(events)
+        self.producer.produce_records("fence.events", [((e["fence_id"] or e["device_id"]).encode(),
+                                                        orjson.dumps(public_event(e))) for e in new])
+        return len(new)

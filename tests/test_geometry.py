@@ -6,7 +6,6 @@ from h3.api import basic_int as h3i
 import numpy as np
 import pytest
 import shapely
-from shapely.geometry import Polygon
 
 from fencing import h3util
 from fencing.geometry import MAX_VERTICES, FenceError, area_km2, cover, groups_of, parse_fence_geometry

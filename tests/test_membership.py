@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import shapely
-from shapely.geometry import Polygon
 
 from fencing.geometry import cover, parse_fence_geometry
 from fencing.h3util import cells_for_points

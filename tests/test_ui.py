@@ -190,6 +190,7 @@ def test_farmer_draws_fence_and_sees_exit_alert(stack):
         assert out["moved_px"] is None or out["moved_px"] > 20, f"marker did not move: {out!r}"
         assert out["flash"] is True and out["last_exit"], f"no EXIT flash: {out!r}"
         assert device_id in out["alert"] and "left" in out["alert"]
+        assert out["sse_events"] >= 1, "no fence event arrived over /v1/events/stream (only by polling)"
         events = farm.get("/v1/events", params={"device_id": device_id}).json()["events"]
         assert [e["type"] for e in events if e["fence_id"] == fence_id][-2:] == ["enter", "exit"], events
 

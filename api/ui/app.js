@@ -40,6 +40,7 @@
     sound: localStorage.getItem(LS_SOUND) !== 'off',
     fittedOnce: false,
     generation: 0,          // bumps on sign-out so stale responses are dropped
+    sseEvents: 0,           // fence events received over the live stream (diagnostics)
   };
   var map, tileLayer, graticule, fenceGroup, herdGroup, trailGroup;
 
@@ -223,6 +224,9 @@
     graticule = new Graticule().addTo(map);
     setTiles(localStorage.getItem(LS_TILES) === null ? DEFAULT_TILES : localStorage.getItem(LS_TILES));
 
+    if (window.ResizeObserver) { // the error banner or a rotated phone changes the map's size
+      new ResizeObserver(function () { map.invalidateSize({ pan: false }); }).observe($('map'));
+    }
     map.on('moveend', function () {
       var c = map.getCenter();
       localStorage.setItem(LS_VIEW, JSON.stringify({ lat: c.lat, lng: c.lng, zoom: map.getZoom() }));
@@ -268,7 +272,7 @@
 
   var LEAFLET_PREFIX = '<a href="https://leafletjs.com" target="_blank" rel="noopener">Leaflet</a>';
   function setTileNote(on) {
-    map.attributionControl.setPrefix((on ? '<span id="tile-note" data-testid="tile-note">Map tiles unavailable — grid only</span> · ' : '') + LEAFLET_PREFIX);
+    map.attributionControl.setPrefix((on ? '<span id="tile-note" data-testid="tile-note">Map tiles offline</span> · ' : '') + LEAFLET_PREFIX);
   }
 
   // Lat/lon grid that adapts to the zoom level; drawn in its own non-interactive pane.
@@ -372,6 +376,9 @@
     return entry;
   }
 
+  // after a 404 (fence removed elsewhere, e.g. another phone): reload the list from the server
+  function reconcileFences() { loadFences().catch(function (err) { handleApiFailure(err, 'Loading fences'); }); }
+
   function removeFenceLocal(id) {
     var entry = state.fences.get(id);
     if (!entry) return;
@@ -450,6 +457,7 @@
     $('fence-name').value = '';
     $('fence-save').disabled = false;
     var dlg = $('fence-dialog');
+    dlg.returnValue = '';
     if (!dlg.open) dlg.showModal();
     setTimeout(function () { $('fence-name').focus(); }, 0);
   }
@@ -527,6 +535,7 @@
     }).catch(function (err) {
       if (btn) btn.disabled = false;
       handleApiFailure(err, 'Saving the new shape');
+      if (err && err.status === 404) { cancelEdit(id); reconcileFences(); }
     });
   }
 
@@ -543,7 +552,10 @@
       renderFences();
       renderAlerts();
       announce('Renamed to "' + newName + '"', 'enter');
-    }).catch(function (err) { handleApiFailure(err, 'Renaming the fence'); });
+    }).catch(function (err) {
+      handleApiFailure(err, 'Renaming the fence');
+      if (err && err.status === 404) { state.renaming = null; reconcileFences(); }
+    });
   }
 
   function deleteFence(id) {
@@ -870,6 +882,7 @@
       if (!msg.data) return;
       var e;
       try { e = JSON.parse(msg.data); } catch (err) { return; }
+      state.sseEvents++;
       if (Array.isArray(e)) addEvents(e, true);
       else if (e && e.events) addEvents(e.events, true);
       else addEvents([e], true);

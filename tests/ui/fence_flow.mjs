@@ -182,6 +182,7 @@ async function run() {
         extra.flash = await page.evaluate(() => document.querySelector('#flash').classList.contains('active'));
         extra.last_exit = await page.evaluate(() => document.body.getAttribute('data-last-exit'));
         extra.toast = (await page.textContent('#toast')).trim();
+        extra.sse_events = await page.evaluate(() => window.herdfence.state.sseEvents);
       }
       await shot(cmd.screenshot || ('device-' + cmd.state));
       lastBox = box || lastBox;

@@ -1,0 +1,63 @@
+"""Position history as Parquet, partitioned by day: one file per (batch, partition), so a replayed
+batch overwrites its own files instead of adding rows twice. Analysts read it with pyarrow/geopandas."""
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+HISTORY_SCHEMA = pa.schema([("farm_id", pa.string()), ("device_id", pa.string()), ("ts", pa.int64()),
+                            ("lat", pa.float64()), ("lon", pa.float64()), ("battery", pa.float64())])
+
+
+def _day(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+def write_batch(root: str, batch_id: int, partition: int, table: pa.Table) -> int:
+    """Write one task's reports, split by UTC day; returns the number of files written."""
+    if not root or table.num_rows == 0:
+        return 0
+    table = table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
+    days = np.array([_day(int(t)) for t in _day_starts(table.column("ts").to_numpy())], dtype=object)
+    written = 0
+    for day in sorted(set(days)):
+        part = table.filter(pa.array(days == day))
+        folder = Path(root) / f"day={day}"
+        folder.mkdir(parents=True, exist_ok=True)
+        target = folder / f"batch-{batch_id:010d}-part-{partition:04d}.parquet"
+        scratch = target.with_suffix(".tmp")
+        pq.write_table(part, scratch, compression="zstd")
+        os.replace(scratch, target)         # atomic: readers never see half a file
+        written += 1
+    return written
+
+
+def _day_starts(ts_ms: np.ndarray) -> np.ndarray:
+    return (ts_ms // 86_400_000) * 86_400_000
+
+
+def read(root: str, farm_id: str, *, device_id: str | None = None, device_ids: list[str] | None = None,
+         from_ms: int | None = None, to_ms: int | None = None, limit: int | None = None) -> pa.Table:
+    """The farm's positions in [from, to], oldest first, optionally for some devices."""
+    if not root or not Path(root).exists() or not any(Path(root).glob("day=*/*.parquet")):
+        return HISTORY_SCHEMA.empty_table()
+    dataset = ds.dataset(root, format="parquet", partitioning="hive", schema=HISTORY_SCHEMA.append(
+        pa.field("day", pa.string())), exclude_invalid_files=True)
+    condition = ds.field("farm_id") == farm_id
+    if device_id is not None:
+        condition &= ds.field("device_id") == device_id
+    if device_ids is not None:
+        condition &= ds.field("device_id").isin(device_ids)
+    if from_ms is not None:
+        condition &= (ds.field("ts") >= from_ms) & (ds.field("day") >= _day(from_ms))
+    if to_ms is not None:
+        condition &= (ds.field("ts") <= to_ms) & (ds.field("day") <= _day(to_ms))
+    table = dataset.to_table(filter=condition, columns=HISTORY_SCHEMA.names)
+    table = table.sort_by([("ts", "ascending"), ("device_id", "ascending")])
+    return table.slice(0, limit) if limit is not None else table
