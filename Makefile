@@ -1,6 +1,6 @@
 # herdfence — `make up` runs the embedded stack, `make test` runs the whole suite.
 # Both begin with `make setup`, which installs only what is missing (idempotent, fast when done).
-PY      ?= python3.11
+PY      ?= $(shell command -v python3.11 || command -v python3)
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.herdfence-installed
@@ -17,6 +17,8 @@ system-packages:
 	command -v redis-server >/dev/null 2>&1 || missing="$$missing redis-server"; \
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
+	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
+	$(PY) -c "import ensurepip, venv" >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "setup: installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -24,7 +26,7 @@ system-packages:
 	fi
 
 $(BIN)/python:
-	@command -v $(PY) >/dev/null 2>&1 || { echo "setup: Python 3.11 ($(PY)) is required"; exit 1; }
+	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null || { echo "setup: Python 3.11 is required"; exit 1; }
 	$(PY) -m venv $(VENV)
 
 $(STAMP): $(BIN)/python requirements.lock pyproject.toml

@@ -148,4 +148,15 @@ def status(settings: Settings) -> dict[str, dict]:
             continue
         alive = procs.record_alive(rec)
         out[name] = {"pid": rec.pid if alive else None, "port": rec.spec.port, "ok": alive}
+    if out.get(MASTER, {}).get("ok"):
+        ui = out[MASTER]["port"] + 3
+        out[MASTER]["ui_port"] = ui
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=2) as r:
+                st = json.load(r)
+            out[MASTER].update(url=st.get("url"), alive_workers=st.get("aliveworkers"),
+                               cores=st.get("cores"), cores_used=st.get("coresused"),
+                               apps=[a.get("name") for a in st.get("activeapps", [])])
+        except (OSError, ValueError):
+            pass
     return out

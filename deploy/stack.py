@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from deploy import broker, procs, redis_cluster, spark_cluster
+from deploy import artifact, broker, procs, redis_cluster, scale, spark_cluster, validate
 from deploy.procs import DeployError
 from deploy.settings import TOPIC_REPORTS, Settings
 from deploy.supervisor import NAME as SUPERVISOR, Supervisor
@@ -46,10 +46,21 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
-def job_spec(settings: Settings, spark_master: str | None) -> procs.ProcSpec:
+def job_spec(settings: Settings, spark_master: str | None, pyfiles: list[str] | None = None,
+             executors: int = 0) -> procs.ProcSpec:
     env = {**settings_env(settings), "PYSPARK_PYTHON": sys.executable}
     if spark_master:
         env["HERDFENCE_SPARK_MASTER"] = spark_master
+    if pyfiles:               # the executors' code (deploy/artifact.py), shipped by the job's SparkContext
+        env[artifact.ENV] = ",".join(pyfiles)
+    if executors:             # dynamic allocation starts with one executor per local worker
+        env.setdefault("HERDFENCE_INITIAL_EXECUTORS", str(executors))
+        env.setdefault("HERDFENCE_MIN_EXECUTORS", "1")
+    for var in ("HERDFENCE_MIN_EXECUTORS", "HERDFENCE_MAX_EXECUTORS", "HERDFENCE_INITIAL_EXECUTORS",
+                "HERDFENCE_DYNAMIC_ALLOCATION", "HERDFENCE_EXECUTOR_MEMORY", "HERDFENCE_EXECUTOR_CORES",
+                "HERDFENCE_TRIGGER", "HERDFENCE_MAX_OFFSETS_PER_TRIGGER", "HERDFENCE_ELASTIC"):
+        if os.environ.get(var):
+            env[var] = os.environ[var]
     return procs.ProcSpec(name=JOB, argv=[sys.executable, "-m", "fencing.job"],
                           markers=["-m fencing.job"], env=env, cwd=os.getcwd())
 
@@ -142,7 +153,11 @@ def wait_ready(settings: Settings, timeout: float = READY_TIMEOUT_S,
 
 
 # --- up / down / status --------------------------------------------------------------------------
-def _preflight(settings: Settings) -> None:
+def _preflight(settings: Settings, spark_workers: int = 0) -> None:
+    """Validate the configuration before anything starts (clear errors, no half-started stack)."""
+    found = validate.check(settings, spark_workers)
+    for what, value in found.items():
+        _say(f"external {what}: {value}")
     spark_cluster.check_java()          # the job is a Spark driver
     if settings.redis is None and shutil.which("redis-server") is None:
         raise DeployError("redis-server is required: run make setup")
@@ -159,12 +174,17 @@ def _start_unless_alive(settings: Settings, spec: procs.ProcSpec) -> procs.ProcR
 def start_components(settings: Settings, spark_workers: int = 0, redis_replicas: int = 0,
                      supervise: bool = False) -> None:
     """Start every component that is not running (no readiness wait beyond ports)."""
-    _preflight(settings)
+    _preflight(settings, spark_workers)
     fresh_broker = broker.up(settings)
     redis_cluster.up(settings, redis_replicas)
     # Keep a standalone cluster that an earlier `up --spark-workers N` started.
+    workers_before = [n for n in spark_cluster.started_workers(settings) if procs.alive_record(settings, n)]
     spark_workers = spark_workers or len(spark_cluster.started_workers(settings))
     master = spark_cluster.up(settings, spark_workers) if spark_workers else None
+    pyfiles: list[str] = []
+    if master or (settings.spark_master and not settings.spark_master.startswith("local")):
+        pyfiles = [str(artifact.build(settings))]
+        _say(f"executors' code: {pyfiles[0]}")
     if fresh_broker:
         # The embedded broker keeps its log in memory: a restarted broker starts at offset 0, so a
         # running job and an old checkpoint both point at offsets that no longer exist.
@@ -172,7 +192,13 @@ def start_components(settings: Settings, spark_workers: int = 0, redis_replicas:
         if settings.checkpoint_dir.exists():
             _say(f"fresh embedded broker: clearing the old job checkpoint {settings.checkpoint_dir}")
             shutil.rmtree(settings.checkpoint_dir, ignore_errors=True)
-    _start_unless_alive(settings, job_spec(settings, master))
+    job_was_alive = procs.alive_record(settings, JOB) is not None
+    _start_unless_alive(settings, job_spec(settings, master, pyfiles, spark_workers))
+    added = spark_workers - len(workers_before)
+    if master and job_was_alive and workers_before and added > 0:
+        # The running job asks for executors on the new workers (deploy/scale.py RequestWatcher).
+        scale.post_request(redis_cluster.connect(settings), add=added)
+        _say(f"asked the running job for {added} more executor(s)")
     api = _start_unless_alive(settings, api_spec(settings))
     procs.wait_for_port(settings.api_port, 60, api, settings)
     if supervise:

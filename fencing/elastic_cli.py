@@ -288,7 +288,11 @@ def main(argv: list[str]) -> int:
         return 0
     from deploy.settings import load_settings
     from fencing.redis_conn import cluster
-    st = status(cluster(*load_settings().redis_node))
+    try:
+        st = status(cluster(*load_settings().redis_node))
+    except Exception as e:  # noqa: BLE001 - no stack: say so, no traceback
+        print(f"herdfence elastic: cannot read the routing state ({e}); is the stack up?", file=sys.stderr)
+        return 1
     if args.json:
         print(json.dumps(st))
     else:

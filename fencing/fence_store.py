@@ -181,19 +181,68 @@ def validate_features_bulk(features: list) -> list:
             if not isinstance(name, str) or not name.strip() or len(name) > 200:
                 raise FenceError("properties.name must be a non-empty string of at most 200 characters")
             rules = FenceRules.from_properties(props)
-            parsed.append((i, feature, parse_fence_geometry(feature.get("geometry")), rules))
+            parsed.append((i, feature, None, rules))
         except FenceError as err:
             out[i] = err
+    fast = _fast_geometries([p[1].get("geometry") for p in parsed])
+    for k, (i, feature, _, rules) in enumerate(parsed):
+        try:
+            geom = fast[k] if fast[k] is not None else parse_fence_geometry(feature.get("geometry"))
+            parsed[k] = (i, feature, geom, rules)
+        except FenceError as err:
+            out[i] = err
+            parsed[k] = None
+    parsed = [p for p in parsed if p is not None]
     if not parsed:
         return out
     geoms = np.array([p[2] for p in parsed], dtype=object)
     covers = _bulk_covers(geoms)
-    for (i, feature, geom, rules), (interior, boundary) in zip(parsed, covers):
-        fence = ValidFence(feature={"type": "Feature", "geometry": feature["geometry"],
-                                    "properties": dict(feature["properties"])},
-                           geometry=geom, rules=rules, interior=interior, boundary=boundary)
-        fence.groups = _split_by_group(interior, boundary)
-        out[i] = fence
+    for (i, feature, geom, rules), (interior, boundary, groups) in zip(parsed, covers):
+        out[i] = ValidFence(feature={"type": "Feature", "geometry": feature["geometry"],
+                                     "properties": dict(feature["properties"])},
+                            geometry=geom, rules=rules, interior=interior, boundary=boundary, groups=groups)
+    return out
+
+
+def _fast_geometries(geometries: list) -> list:
+    """GEOS parses the GeoJSON of all fences at once; a geometry passes only when it is certainly
+    what `parse_fence_geometry` accepts (right type, ≤ MAX_VERTICES, coordinates in range, no
+    antimeridian crossing, valid, area ≤ MAX_AREA_KM2). Every other entry is None, and the caller
+    runs the strict per-fence parser on it, which gives the exact error (or accepts it)."""
+    from fencing.geometry import _EARTH_AUTHALIC_KM, MAX_AREA_KM2, MAX_VERTICES
+
+    out: list = [None] * len(geometries)
+    texts = []
+    for g in geometries:
+        ok = isinstance(g, dict) and g.get("type") in ("Polygon", "MultiPolygon")
+        texts.append(orjson.dumps(g) if ok else b'{"type":"Point","coordinates":[]}')
+    if not texts:
+        return out
+    geoms = shapely.from_geojson(np.array(texts, dtype=object), on_invalid="ignore")
+    want = np.array([3 if isinstance(g, dict) and g.get("type") == "Polygon" else 6 for g in geometries])
+    present = ~shapely.is_missing(geoms)
+    good = present.copy()
+    good[present] &= (shapely.get_type_id(geoms[present]) == want[present]) & ~shapely.is_empty(geoms[present])
+    idx = np.flatnonzero(good)
+    if not len(idx):
+        return out
+    geoms2 = shapely.force_2d(geoms[idx])
+    ok = shapely.get_num_coordinates(geoms2) <= MAX_VERTICES
+    b = shapely.bounds(geoms2)
+    ok &= np.isfinite(b).all(axis=1) & (b[:, 0] >= -180) & (b[:, 2] <= 180) & (b[:, 1] >= -90) & (b[:, 3] <= 90)
+    ok &= (b[:, 2] - b[:, 0]) <= 180.0
+    ok &= shapely.is_valid(geoms2)
+    # area on the sphere exactly as geometry.area_km2 (sinusoidal around each fence's centre)
+    seg = shapely.segmentize(geoms2, 0.01)
+    xy, which = shapely.get_coordinates(seg, return_index=True)
+    lon0 = ((b[:, 0] + b[:, 2]) / 2.0)[which]
+    rad = np.pi / 180.0
+    lat = xy[:, 1] * rad
+    proj = np.column_stack(((xy[:, 0] - lon0) * rad * np.cos(lat), lat)) * _EARTH_AUTHALIC_KM
+    ok &= shapely.area(shapely.set_coordinates(seg.copy(), proj)) <= MAX_AREA_KM2
+    for j, k in enumerate(idx):
+        if ok[j]:
+            out[k] = geoms2[j]
     return out
 
 
@@ -233,11 +282,22 @@ def _bulk_covers(geoms: np.ndarray, res: int | None = None) -> list[tuple[np.nda
     shapely.prepare(geoms)
     inside = shapely.covers(geoms[fence_idx], grown[pos]) & ~straddles
     touches = straddles | shapely.intersects(geoms[fence_idx], grown[pos])
-    bounds = np.searchsorted(fence_idx, np.arange(n + 1))
+    kept = touches                                  # interior cells touch too
+    fence_idx, cells, inside = fence_idx[kept], cells[kept], inside[kept]
+    # per fence: cells are sorted ascending (lexsort above), as `cover` returns them
+    group_codes, group_pos = np.unique(groups_of(cells), return_inverse=True)
+    group_names = [cell_to_str(int(g)) for g in group_codes]
+    bounds = np.searchsorted(fence_idx, np.arange(n + 1)).tolist()
+    cells_l, inside_l, gpos_l = cells.tolist(), inside.tolist(), group_pos.tolist()
     out = []
     for k in range(n):
-        c, i, t = cells[bounds[k]:bounds[k + 1]], inside[bounds[k]:bounds[k + 1]], touches[bounds[k]:bounds[k + 1]]
-        out.append((np.sort(c[i]), np.sort(c[t & ~i])))
+        lo, hi = bounds[k], bounds[k + 1]
+        c = cells[lo:hi]
+        m = inside[lo:hi]
+        groups: dict[str, tuple[list[int], list[int]]] = {}
+        for cell, is_in, gp in zip(cells_l[lo:hi], inside_l[lo:hi], gpos_l[lo:hi]):
+            groups.setdefault(group_names[gp], ([], []))[0 if is_in else 1].append(cell)
+        out.append((c[m], c[~m], groups))
     return out
 
 
@@ -267,7 +327,9 @@ def save_fences_bulk(redis, farm_id: str | None, fences, chunk: int = 5_000) -> 
             by_farm.setdefault(farm, []).append(k)
         pipe = redis.pipeline()
         for farm, ks in by_farm.items():      # previous versions: one MGET per farm (one slot)
-            pipe.mget([keys.fence(farm, part[k][1]) for k in ks])
+            # MGET/MSET are refused by redis-py's cluster pipeline; raw commands on one slot (the
+            # farm's hash tag) are routed like any single-key command
+            pipe.execute_command("MGET", *[keys.fence(farm, part[k][1]) for k in ks])
         previous: list[dict | None] = [None] * len(part)
         for (farm, ks), raws in zip(by_farm.items(), pipe.execute()):
             for k, raw in zip(ks, raws):
@@ -304,7 +366,7 @@ def save_fences_bulk(redis, farm_id: str | None, fences, chunk: int = 5_000) -> 
         for group in set(group_records) | set(group_drops):
             pipe.incr(keys.group_version(group))
         for farm, docs in farm_docs.items():
-            pipe.mset(docs)
+            pipe.execute_command("MSET", *[x for kv in docs.items() for x in kv])
             pipe.sadd(keys.farm_fences(farm), *[key.rsplit(":", 1)[1] for key in docs])
         pipe.srem(DELETED_FENCES, *uids)
         pipe.execute()

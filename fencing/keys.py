@@ -8,6 +8,8 @@ Two families of keys:
 """
 from __future__ import annotations
 
+import zlib
+
 FENCE_RES = 9        # fences are covered by res-9 cells (~0.1 km²): interior cells need no polygon test
 GROUP_RES = 6        # a cell group is a res-6 parent (~36 km²): the unit of routing and of Redis slots
 POS_INDEX_RES = 7    # latest positions are indexed by res-7 cell for query-within
@@ -28,9 +30,13 @@ def group_state(group: str) -> str:
     return f"{{g:{group}}}:state"
 
 
+LOCATION_BUCKETS = 256
+
+
 def device_location(device_key: str) -> str:
-    """string: the group whose state hash holds this device's state (read only when a device moves)."""
-    return f"dloc:{device_key}"
+    """hash device key → the group whose state hash holds the device's state (read only for devices new
+    to their home group). Bucketed so that one batch reads and writes it with a few commands."""
+    return f"dloc:{{{zlib.crc32(device_key.encode()) % LOCATION_BUCKETS}}}"
 
 
 # --- global keys ---------------------------------------------------------------------------------

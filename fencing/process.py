@@ -83,7 +83,8 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     frame["dkey"] = frame["farm_id"] + "/" + frame["device_id"]
     # Arrival (Kafka offset) order per device, not ts order: a late report must meet the state its
     # device already has, whichever batch it lands in (the shuffle keeps one map task's row order).
-    frame = frame.sort_values("dkey", kind="stable").reset_index(drop=True)
+    codes, _ = pd.factorize(frame["dkey"], sort=True)      # integer codes sort far faster than strings
+    frame = frame.iloc[np.argsort(codes, kind="stable")].reset_index(drop=True)
     cells = frame["cell"].to_numpy().view(np.uint64)
 
     cache = process_cache()
@@ -98,32 +99,42 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
         point_idx, uids = point_idx[own], uids[own]
     matched = _matched_sets(len(frame), point_idx, uids)
 
-    # the device's home group for this batch = group of its latest report (same rule as the router)
-    bounds = np.flatnonzero(np.r_[True, frame["dkey"].to_numpy()[1:] != frame["dkey"].to_numpy()[:-1]])
+    # the device's home group for this batch = group of its last report (same rule as the router)
+    dkey_col = frame["dkey"].to_numpy()
+    bounds = np.flatnonzero(np.r_[True, dkey_col[1:] != dkey_col[:-1]])
     ends = np.r_[bounds[1:], len(frame)]
-    dkeys = frame["dkey"].to_numpy()[bounds].tolist()
-    homes = frame["grp"].to_numpy()[ends - 1].tolist()
-    before, moved_from = _read_states(redis, ctx.batch_id, dkeys, homes, counter)
+    devices = DeviceBatch(dkeys=dkey_col[bounds].tolist(), homes=frame["grp"].to_numpy()[ends - 1].tolist())
+    _read_states(redis, ctx.batch_id, devices, counter)
 
     ts, lat, lon = frame["ts"].tolist(), frame["lat"].tolist(), frame["lon"].tolist()
-    battery = frame["battery"].to_numpy()
-    pos_cells = parent(cells, keys.POS_INDEX_RES)
+    devices.frame_ts, devices.frame_lat, devices.frame_lon = ts, lat, lon
     events: list[Event] = []
-    writes = redis.pipeline()
-    for d, (dkey, home, lo, hi) in enumerate(zip(dkeys, homes, bounds.tolist(), ends.tolist())):
-        old = before[d]
-        state = DeviceState.from_dict(old)
-        farm_id, _, device_id = dkey.partition("/")
-        found = advance(state, device_id, ts[lo:hi], lat[lo:hi], lon[lo:hi], matched[lo:hi],
-                        cache.rules, ctx.deleted)
-        events += found
-        _write_live(writes, farm_id, device_id, old, state, frame, lo, hi, battery, pos_cells, found)
-        _write_state(writes, ctx.batch_id, dkey, home, old, state, moved_from[d], counter)
-    writes.execute()
+    states: list[DeviceState] = []
+    for d, (lo, hi) in enumerate(zip(bounds.tolist(), ends.tolist())):
+        state = DeviceState.from_dict(devices.before[d])
+        device_id = devices.dkeys[d].partition("/")[2]
+        events += advance(state, device_id, ts[lo:hi], lat[lo:hi], lon[lo:hi], matched[lo:hi],
+                          cache.rules, ctx.deleted)
+        states.append(state)
+    latest = _latest_positions(frame, bounds, devices.before)
+    _write_all(redis, ctx.batch_id, devices, states, latest, events, counter)
     group_points = Counter(frame["grp"].tolist())
-    stats = {"partition": partition, "points": len(frame), "devices": len(dkeys), "groups": dict(group_points),
-             "redis_local": counter.local, "redis_cross": counter.cross, "fences_cached": len(cache.index)}
+    stats = {"partition": partition, "points": len(frame), "devices": len(devices.dkeys),
+             "groups": dict(group_points), "redis_local": counter.local, "redis_cross": counter.cross,
+             "fences_cached": len(cache.index)}
     return events, stats
+
+
+@dataclass
+class DeviceBatch:
+    """The devices of one task's batch: key, home group, state before the batch, where it moved from."""
+    dkeys: list[str]
+    homes: list[str]
+    before: list[dict | None] = None
+    moved_from: list[str | None] = None
+    frame_ts: list[int] = None
+    frame_lat: list[float] = None
+    frame_lon: list[float] = None
 
 
 def _matched_sets(n: int, point_idx: np.ndarray, uids: np.ndarray) -> list[frozenset[str]]:
@@ -137,29 +148,45 @@ def _matched_sets(n: int, point_idx: np.ndarray, uids: np.ndarray) -> list[froze
     return matched
 
 
-def _read_states(redis, batch_id: int, dkeys: list[str], homes: list[str], counter: CallCounter):
-    """State of each device before this batch. Versioned records make a replay of the same batch
-    start from the same state: {"b": batch that wrote it, "s": state after it, "p": state before it}."""
+def _by(keys_: list, values: list) -> dict:
+    out: dict = {}
+    for k, v in zip(keys_, values):
+        out.setdefault(k, []).append(v)
+    return out
+
+
+def _read_states(redis, batch_id: int, devices: DeviceBatch, counter: CallCounter) -> None:
+    """State of each device before this batch, one HMGET per home group. Versioned records make a
+    replay of the same batch start from the same state: {"b": batch that wrote it, "s": after, "p": before}."""
+    n = len(devices.dkeys)
+    raws: list[str | None] = [None] * n
+    by_home = _by(devices.homes, range(n))
     pipe = redis.pipeline()
-    for dkey, home in zip(dkeys, homes):
-        pipe.hget(keys.group_state(home), dkey)
+    for home, idx in by_home.items():
+        pipe.hmget(keys.group_state(home), [devices.dkeys[i] for i in idx])
         counter.count(home)
-    raws = pipe.execute()
-    moved_from: list[str | None] = [None] * len(dkeys)
-    missing = [i for i, r in enumerate(raws) if r is None]
+    for idx, values in zip(by_home.values(), pipe.execute()):
+        for i, raw in zip(idx, values):
+            raws[i] = raw
+    devices.moved_from = [None] * n
+    missing = [i for i in range(n) if raws[i] is None]
     if missing:   # new devices, or devices whose home group changed since their last batch
+        by_bucket = _by([keys.device_location(devices.dkeys[i]) for i in missing], missing)
         pipe = redis.pipeline()
-        for i in missing:
-            pipe.get(keys.device_location(dkeys[i]))
-        previous_homes = pipe.execute()
-        lookups = [(i, g) for i, g in zip(missing, previous_homes) if g and g != homes[i]]
-        if lookups:
+        for bucket, idx in by_bucket.items():
+            pipe.hmget(bucket, [devices.dkeys[i] for i in idx])
+        previous: dict[int, str] = {}
+        for idx, values in zip(by_bucket.values(), pipe.execute()):
+            previous.update({i: g for i, g in zip(idx, values) if g and g != devices.homes[i]})
+        if previous:
+            by_old = _by(list(previous.values()), list(previous))
             pipe = redis.pipeline()
-            for i, group in lookups:
-                pipe.hget(keys.group_state(group), dkeys[i])
+            for group, idx in by_old.items():
+                pipe.hmget(keys.group_state(group), [devices.dkeys[i] for i in idx])
                 counter.count(group)
-            for (i, group), raw in zip(lookups, pipe.execute()):
-                raws[i], moved_from[i] = raw, group
+            for (group, idx), values in zip(by_old.items(), pipe.execute()):
+                for i, raw in zip(idx, values):
+                    raws[i], devices.moved_from[i] = raw, group
     before = []
     for raw in raws:
         record = orjson.loads(raw) if raw else None
@@ -167,43 +194,105 @@ def _read_states(redis, batch_id: int, dkeys: list[str], homes: list[str], count
             before.append(None)
         else:
             before.append(record.get("p") if record.get("b") == batch_id else record.get("s"))
-    return before, moved_from
+    devices.before = before
 
 
-def _write_state(pipe, batch_id, dkey, home, old, state: DeviceState, moved_from, counter) -> None:
-    pipe.hset(keys.group_state(home), dkey, orjson.dumps({"b": batch_id, "s": state.to_dict(), "p": old}))
-    counter.count(home)
-    if moved_from:
-        pipe.hdel(keys.group_state(moved_from), dkey)
-        counter.count(moved_from)
-    if old is None or moved_from:
-        pipe.set(keys.device_location(dkey), home)
+@dataclass
+class Latest:
+    """Per device: row of its newest processed report (-1: none was newer than its state), battery."""
+    row: np.ndarray
+    battery: np.ndarray
 
 
-def _write_live(pipe, farm_id, device_id, old, state: DeviceState, frame, lo, hi, battery, pos_cells, found) -> None:
-    """Latest position, res-7 position index and fence members: plain overwrites, so a replay is a no-op."""
-    stamps = frame["ts"].to_numpy()[lo:hi]
-    floor = (old or {}).get("t")
-    running = np.maximum.accumulate(np.r_[floor if floor is not None else np.iinfo(np.int64).min, stamps])
-    processed = stamps >= running[:-1]      # the same rule as transitions.advance: never older than seen
-    if not processed.any():
-        return   # every report was older than the last processed one
-    last = lo + int(np.flatnonzero(processed)[-1])
-    cell = cell_to_str(int(pos_cells[last]))
-    previous_cell = (old or {}).get("c")
-    batteries = battery[lo:hi][processed]
-    batteries = batteries[~np.isnan(batteries)]
-    state.cell = cell
-    position = {"lat": float(frame.at[last, "lat"]), "lon": float(frame.at[last, "lon"]),
-                "ts": int(frame.at[last, "ts"]), "battery": float(batteries[-1]) if len(batteries) else None,
-                "fences": [u.partition("/")[2] for u in state.inside_fences()], "cell": cell}
-    pipe.hset(keys.positions(farm_id), device_id, orjson.dumps(position))
-    if previous_cell and previous_cell != cell:
-        pipe.srem(keys.position_cell(farm_id, previous_cell), device_id)
-    pipe.sadd(keys.position_cell(farm_id, cell), device_id)
-    for event in found:
-        member_key = keys.members(farm_id, event.fence_id)
+def _latest_positions(frame: pd.DataFrame, bounds: np.ndarray, before: list[dict | None]) -> Latest:
+    """Vectorized twin of transitions.advance's rule: a report counts when it is not older than every
+    report the device has had before it (in its state and earlier in this batch)."""
+    n = len(frame)
+    device = np.repeat(np.arange(len(bounds)), np.diff(np.r_[bounds, n]))
+    floor = np.array([(b or {}).get("t") if (b or {}).get("t") is not None else np.iinfo(np.int64).min
+                      for b in before], dtype=np.int64)
+    ts = frame["ts"].to_numpy()
+    running = pd.Series(ts).groupby(device).cummax().groupby(device).shift(1)
+    seen = np.maximum(floor[device], running.fillna(np.iinfo(np.int64).min).to_numpy(dtype=np.int64))
+    processed = ts >= seen
+    rows = pd.Series(np.where(processed, np.arange(n), -1)).groupby(device).max().to_numpy()
+    battery = frame["battery"].where(processed).groupby(device).last().reindex(range(len(bounds))).to_numpy()
+    return Latest(rows, battery)
+
+
+def _write_all(redis, batch_id: int, devices: DeviceBatch, states: list[DeviceState], latest: Latest,
+               events: list[Event], counter: CallCounter) -> None:
+    """All writes of the task in one pipeline, batched per key: device state per home group, device
+    locations per bucket, positions per farm, position index per cell, members per fence. Plain
+    overwrites and set operations, so a replayed batch writes the same values again."""
+    from fencing.h3util import cells_for_points   # noqa: PLC0415 - keeps the import graph flat
+    state_by_home: dict[str, dict[str, bytes]] = {}
+    removed_by_old: dict[str, list[str]] = {}
+    locations: dict[str, dict[str, str]] = {}
+    positions: dict[str, dict[str, bytes]] = {}
+    cell_adds: dict[tuple[str, str], list[str]] = {}
+    cell_removes: dict[tuple[str, str], list[str]] = {}
+    has_position = latest.row >= 0
+    pos_cells = np.zeros(len(states), dtype=np.uint64)
+    if has_position.any():
+        rows = latest.row[has_position]
+        pos_cells[has_position] = cells_for_points(_col(devices, "lat", rows), _col(devices, "lon", rows),
+                                                   keys.POS_INDEX_RES)
+    for d, (dkey, home, state) in enumerate(zip(devices.dkeys, devices.homes, states)):
+        farm_id, _, device_id = dkey.partition("/")
+        old = devices.before[d]
+        if has_position[d]:
+            row = int(latest.row[d])
+            cell = cell_to_str(int(pos_cells[d]))
+            previous_cell = (old or {}).get("c")
+            state.cell = cell
+            battery = latest.battery[d]
+            positions.setdefault(farm_id, {})[device_id] = orjson.dumps({
+                "lat": devices.frame_lat[row], "lon": devices.frame_lon[row], "ts": devices.frame_ts[row],
+                "battery": None if battery is None or battery != battery else float(battery),
+                "fences": [u.partition("/")[2] for u in state.inside_fences()], "cell": cell})
+            if previous_cell != cell:
+                if previous_cell:
+                    cell_removes.setdefault((farm_id, previous_cell), []).append(device_id)
+                cell_adds.setdefault((farm_id, cell), []).append(device_id)
+        state_by_home.setdefault(home, {})[dkey] = orjson.dumps({"b": batch_id, "s": state.to_dict(), "p": old})
+        moved_from = devices.moved_from[d]
+        if moved_from:
+            removed_by_old.setdefault(moved_from, []).append(dkey)
+        if old is None or moved_from:
+            locations.setdefault(keys.device_location(dkey), {})[dkey] = home
+    pipe = redis.pipeline()
+    for home, mapping in state_by_home.items():
+        pipe.hset(keys.group_state(home), mapping=mapping)
+        counter.count(home)
+    for group, dkeys in removed_by_old.items():
+        pipe.hdel(keys.group_state(group), *dkeys)
+        counter.count(group)
+    for bucket, mapping in locations.items():
+        pipe.hset(bucket, mapping=mapping)
+    for farm_id, mapping in positions.items():
+        pipe.hset(keys.positions(farm_id), mapping=mapping)
+    for (farm_id, cell), members in cell_removes.items():
+        pipe.srem(keys.position_cell(farm_id, cell), *members)
+    for (farm_id, cell), members in cell_adds.items():
+        pipe.sadd(keys.position_cell(farm_id, cell), *members)
+    final: dict[tuple[str, str, str], Event] = {}   # (farm, fence, device) → its last enter/exit
+    for event in events:
+        if event.type in ("enter", "exit"):
+            final[(event.farm_id, event.fence_id, event.device_id)] = event
+    entered: dict[tuple[str, str], dict[str, int]] = {}
+    exited: dict[tuple[str, str], list[str]] = {}
+    for (farm_id, fence_id, device_id), event in final.items():
         if event.type == "enter":
-            pipe.hset(member_key, device_id, event.ts)
-        elif event.type == "exit":
-            pipe.hdel(member_key, device_id)
+            entered.setdefault((farm_id, fence_id), {})[device_id] = event.ts
+        else:
+            exited.setdefault((farm_id, fence_id), []).append(device_id)
+    for (farm_id, fence_id), devices_out in exited.items():
+        pipe.hdel(keys.members(farm_id, fence_id), *devices_out)
+    for (farm_id, fence_id), mapping in entered.items():
+        pipe.hset(keys.members(farm_id, fence_id), mapping=mapping)
+    pipe.execute()
+
+
+def _col(devices: DeviceBatch, name: str, rows: np.ndarray) -> np.ndarray:
+    return np.asarray(getattr(devices, f"frame_{name}"), dtype=np.float64)[rows]

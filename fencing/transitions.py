@@ -68,7 +68,11 @@ def event_id(fence_uid: str, device_id: str, kind: str, ts: int) -> str:
 
 def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float], lon: list[float],
             matched: list[frozenset[str]], rules: dict[str, FenceRules], deleted: set[str]) -> list[Event]:
-    """Apply one device's reports (sorted by ts) to its state in place; returns the events."""
+    """Apply one device's reports (in arrival order) to its state in place; returns the events."""
+    if _steady(state, matched, rules, deleted):
+        newest = max(ts)
+        state.last_ts = newest if state.last_ts is None else max(state.last_ts, newest)
+        return []
     events: list[Event] = []
     for t, la, lo, inside_now in zip(ts, lat, lon, matched):
         if state.last_ts is not None and t < state.last_ts:
@@ -89,6 +93,18 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
             else:
                 state.fences.pop(uid, None)
     return events
+
+
+def _steady(state: DeviceState, matched: list[frozenset[str]], rules: dict[str, FenceRules],
+            deleted: set[str]) -> bool:
+    """Fast path: every report agrees with the confirmed state (the common case: a cow grazing inside
+    its paddock, or outside all fences) and nothing is pending or timed — nothing can change."""
+    confirmed = frozenset(u for u, s in state.fences.items() if s.inside)
+    if any(s.streak for s in state.fences.values()) or (deleted and not deleted.isdisjoint(state.fences)):
+        return False
+    if any(rules.get(u, DEFAULT_RULES).dwell_seconds for u in confirmed):
+        return False
+    return all(m == confirmed for m in matched)
 
 
 def _step(s: FenceState, inside: bool, t: int, rules: FenceRules) -> str | None:

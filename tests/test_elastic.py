@@ -33,8 +33,8 @@ def test_pairwise_and_binpack_balance_groups():
 
 def test_hot_group_is_split_by_children_and_merged_back():
     table = _table()
-    children = {f"c{i}": 100.0 for i in range(7)}
-    groups = {"hot": 700.0, **{f"g{i}": 20.0 for i in range(5)}}
+    children = {f"c{i}": 50.0 for i in range(12)}
+    groups = {"hot": 600.0, **{f"g{i}": 20.0 for i in range(5)}}
     result = plan(table, groups, {"hot": children}, ElasticConfig())
     assert result.split == ["hot"]
     assert _imbalance(result.predicted) <= 1.3

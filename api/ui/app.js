@@ -501,6 +501,10 @@
     state.editing = id; state.renaming = null; state.confirmingDelete = null;
     e.layer.setStyle(fenceStyle(e.color, true));
     e.layer.pm.enable({ allowSelfIntersection: false, snappable: true });
+    e.layer.off('pm:edit').on('pm:edit', function () { // live area while dragging corners
+      var meta = $('fence-list').querySelector('[data-fence-id="' + CSS.escape(id) + '"] .fence-meta');
+      if (meta) meta.textContent = fmtArea(geometryArea(e.layer.toGeoJSON().geometry)) + ' · unsaved shape';
+    });
     map.fitBounds(e.layer.getBounds(), { padding: [40, 40], maxZoom: 18 });
     renderFences();
   }

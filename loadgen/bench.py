@@ -1,0 +1,265 @@
+"""`herdfence bench push | pull | ingest | report` (see ../shared/CONTRACT.md, "Benchmarks").
+
+push: N fences (bulk-loaded), D devices, M simulated points streamed into gps.reports as fast as
+  possible through the real job; sustained points/s end to end (first report produced → the job's
+  heartbeat counts all M), event latency (Redis stream id of the event = when it became visible,
+  minus the wall time its confirming report was produced), the vectorized limit of the same
+  membership work in this process, and lost/duplicated events against the oracle (loadgen.truth).
+pull: concurrent keep-alive clients on GET /v1/fences/{id}/devices and POST /v1/query/within.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from loadgen.bench_stack import bench_stack, machine, say
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def _png_for(json_path: str | Path) -> Path:
+    p = Path(json_path)
+    return p.with_suffix(".png") if p.suffix == ".json" else p.with_name(p.name + ".png")
+
+
+def _write_json(path: str | Path, out: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=1) + "\n")
+
+
+def _command(argv: list[str]) -> str:
+    return "herdfence bench " + " ".join(shlex.quote(a) for a in argv)
+
+
+# --- the vectorized limit -------------------------------------------------------------------------
+def vectorized_limit_points_per_s(fences, lon: np.ndarray, lat: np.ndarray, repeat: int = 2) -> tuple[float, int]:
+    """The same membership work in one process: H3 cell of every point + plain vectorized shapely
+    (STRtree over the fences, one bulk `intersects` query). Best of `repeat` runs. Returns (points/s,
+    matched pairs)."""
+    from fencing.h3util import cells_for_points
+    from fencing.keys import FENCE_RES
+    from fencing.membership import vectorized_limit
+
+    geoms = [f.geometry for f in fences]
+    best, pairs = float("inf"), 0
+    for _ in range(repeat):
+        t = time.perf_counter()
+        cells_for_points(lat, lon, FENCE_RES)
+        point, _fence = vectorized_limit(geoms, lon, lat)
+        best = min(best, time.perf_counter() - t)
+        pairs = len(point)
+    return len(lon) / best, pairs
+
+
+# --- push -----------------------------------------------------------------------------------------
+def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, fences_per_farm: int = 12,
+         progress: bool = True, plot: bool = True, command: str = "", keep_stack: bool = False) -> dict:
+    from loadgen import plots
+    from loadgen.bench_load import load_simulation, read_events, stream_and_wait
+    from loadgen.herd import SimConfig, simulate
+    from loadgen.truth import expected_events, reconcile
+
+    t = time.perf_counter()
+    say(f"simulating {fences} fences, {devices} devices, {points} points (seed {seed})")
+    sim = simulate(SimConfig.for_totals(fences, points, devices, seed=seed, fences_per_farm=fences_per_farm))
+    sim_s = time.perf_counter() - t
+    lon, lat = sim.reports["lon"].to_numpy(float), sim.reports["lat"].to_numpy(float)
+    say("measuring the vectorized limit (H3 + STRtree/shapely, one process)")
+    limit, limit_pairs = vectorized_limit_points_per_s(sim.fences, lon, lat)
+    say(f"vectorized limit: {limit:,.0f} points/s")
+
+    with bench_stack(keep=keep_stack) as stack:
+        redis = stack.redis
+        t = time.perf_counter()
+        loaded = load_simulation(redis, sim, progress=progress)
+        load_s = time.perf_counter() - t
+        say(f"loaded {len(sim.fences)} fences, {len(sim.device_ids)} devices in {load_s:.1f} s {loaded.seconds}")
+        reports = sim.reports.copy()
+        reports["device_id"] = loaded.device_prefix + reports["device_id"].astype(str)
+        wstats, t_first, t_done, sampler, base = stream_and_wait(stack, reports, progress=progress)
+        observed = read_events(redis, sorted(set(loaded.farm_of.values())))
+        stack_info = stack.describe()
+
+    seconds = (t_done - t_first) if t_done else None
+    processed = (sampler.beats[-1]["points_total"] - base) if sampler.beats else 0
+    pps = points / seconds if seconds else 0.0
+
+    # latency: match each event to the report that confirmed it (device, ts)
+    sent = pd.DataFrame({"device_id": reports["device_id"].to_numpy(), "ts": reports["ts"].to_numpy(),
+                         "sent_ms": wstats.sent_at_ms})
+    sent = sent.drop_duplicates(["device_id", "ts"])
+    lat_ms = np.empty(0)
+    if len(observed):
+        m = observed.merge(sent, on=["device_id", "ts"], how="left")
+        lat_ms = (m["visible_ms"] - m["sent_ms"]).dropna().to_numpy(float)
+
+    # correctness: back to simulator ids, against the oracle
+    say("reconciling events with the oracle (loadgen.truth)")
+    t = time.perf_counter()
+    expected = expected_events(sim.reports, sim.fences, sim.device_farm)
+    truth_s = time.perf_counter() - t
+    obs = observed.copy()
+    if len(obs):
+        obs["device_id"] = obs["device_id"].str.slice(len(loaded.device_prefix))
+        obs["fence_id"] = [loaded.fence_sim.get((f, i), f"?{i}") for f, i in zip(obs["farm"], obs["fence_id"])]
+    else:
+        obs = pd.DataFrame(columns=["device_id", "fence_id", "type", "ts"])
+    rec = reconcile(expected, obs)
+
+    beats = sampler.beats
+    in_run = [b for b in beats if b.get("points", 0) > 0]
+    out = {
+        "fences": fences, "points": points, "devices": devices,
+        "points_per_s": round(pps, 1),
+        "event_latency_ms": {"p50": round(float(np.percentile(lat_ms, 50)), 1) if len(lat_ms) else None,
+                             "p99": round(float(np.percentile(lat_ms, 99)), 1) if len(lat_ms) else None},
+        "vectorized_limit_points_per_s": round(limit, 1),
+        "ratio_to_limit": round(pps / limit, 4) if limit else None,
+        "events": rec["events"], "lost": rec["lost"], "duplicated": rec["duplicated"],
+        # beyond the contract
+        "observed_events": rec["observed"], "unexpected_events": rec["unexpected"],
+        "latency_matched_events": int(len(lat_ms)),
+        "processed_points": int(processed), "seconds": round(seconds, 3) if seconds else None,
+        "completed": t_done is not None,
+        "produce": {k: v for k, v in wstats.as_dict().items()},
+        "batches": len(in_run),
+        "batch_seconds": _batch_summary(in_run),
+        "setup_seconds": {"simulate": round(sim_s, 2), "load": round(load_s, 2), **loaded.seconds,
+                          "oracle": round(truth_s, 2)},
+        "vectorized_limit_pairs": int(limit_pairs),
+        "stack": stack_info, "machine": machine(), "command": command,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    _write_json(json_path, out)
+    if plot:
+        pt, pn = _produce_curve(wstats.sent_at_ms)
+        plots.push_plot(_png_for(json_path), beats, t_first, base, lat_ms, (pt, pn),
+                        f"herdfence push: {fences:,} fences, {devices:,} devices, {points:,} points — "
+                        f"{pps:,.0f} points/s, p99 {out['event_latency_ms']['p99']} ms "
+                        f"({machine()['cores']} cores)")
+        # heartbeats, for profiling (per-partition stats per batch)
+        Path(_png_for(json_path).with_suffix(".beats.json")).write_text(json.dumps(beats))
+    return out
+
+
+def _produce_curve(sent_at_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if sent_at_ms is None or not len(sent_at_ms):
+        return np.empty(0), np.empty(0)
+    s = sent_at_ms / 1000.0
+    grid = np.arange(s[0], s[-1] + 0.5, 0.5)
+    return grid, np.searchsorted(s, grid, side="right").astype(float)
+
+
+def _batch_summary(beats: list[dict]) -> dict:
+    if not beats:
+        return {}
+    d = np.array([b.get("duration_s", 0) for b in beats])
+    p = np.array([b.get("points", 0) for b in beats])
+    part = [s.get("seconds", 0) for b in beats for s in b.get("partitions", [])]
+    return {"mean": round(float(d.mean()), 3), "max": round(float(d.max()), 3),
+            "points_mean": round(float(p.mean()), 1), "points_max": int(p.max()),
+            "task_seconds_mean": round(float(np.mean(part)), 3) if part else None}
+
+
+# --- pull -----------------------------------------------------------------------------------------
+def pull(fences: int, devices: int, seconds: float, json_path: str, seed: int = 0, connections: int = 32,
+         fences_per_farm: int = 12, client: str = "auto", progress: bool = True, plot: bool = True,
+         command: str = "", keep_stack: bool = False, reports_per_device: int = 3) -> dict:
+    from loadgen import bench_pull, plots
+    from loadgen.bench_load import load_simulation, stream_and_wait
+    from loadgen.herd import SimConfig, simulate
+
+    sim = simulate(SimConfig.for_totals(fences, reports_per_device * devices, devices, seed=seed,
+                                        fences_per_farm=fences_per_farm))
+    with bench_stack(keep=keep_stack) as stack:
+        loaded = load_simulation(stack.redis, sim, progress=progress)
+        reports = sim.reports.copy()
+        reports["device_id"] = loaded.device_prefix + reports["device_id"].astype(str)
+        say(f"placing {devices} devices: streaming {len(reports)} reports through the job")
+        stream_and_wait(stack, reports, progress=progress)
+        requests = bench_pull.build_requests(sim, loaded, seed=seed)
+        result = bench_pull.run(stack.settings.api_url, requests, seconds, connections, client, progress)
+        stack_info = stack.describe()
+    out = {"fences": fences, "devices": devices, "queries_per_s": result["queries_per_s"],
+           "latency_ms": {"p50": result["p50"], "p99": result["p99"]}, "errors": result["errors"],
+           "client": result["client"], "connections": connections, "seconds": result["seconds"],
+           "requests": result["requests"], "mix": "50% GET /v1/fences/{id}/devices, 50% POST /v1/query/within",
+           "latency_percentiles_ms": result["percentiles"], "error_detail": result.get("error_detail"),
+           "stack": stack_info, "machine": machine(), "command": command,
+           "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _write_json(json_path, out)
+    if plot:
+        plots.pull_plot(_png_for(json_path), {float(k): v for k, v in result["percentiles"].items()},
+                        result.get("timeline"),
+                        f"herdfence pull: {fences:,} fences, {devices:,} devices, {connections} connections "
+                        f"({result['client']}) — {result['queries_per_s']:,.0f} q/s, p99 {result['p99']} ms")
+    return out
+
+
+# --- command line ----------------------------------------------------------------------------------
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="herdfence bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    ps = sub.add_parser("push", help="push benchmark (stream processing end to end)")
+    ps.add_argument("--fences", type=int, required=True)
+    ps.add_argument("--points", type=int, required=True)
+    ps.add_argument("--devices", type=int, default=10_000)
+    ps.add_argument("--json", required=True, metavar="FILE")
+    ps.add_argument("--seed", type=int, default=0)
+    ps.add_argument("--fences-per-farm", type=int, default=12)
+    ps.add_argument("--no-plot", action="store_true")
+    ps.add_argument("--keep-stack", action="store_true", help="leave a private stack running")
+    pl = sub.add_parser("pull", help="pull benchmark (API queries)")
+    pl.add_argument("--fences", type=int, required=True)
+    pl.add_argument("--devices", type=int, required=True)
+    pl.add_argument("--seconds", type=float, required=True)
+    pl.add_argument("--json", required=True, metavar="FILE")
+    pl.add_argument("--connections", type=int, default=32)
+    pl.add_argument("--client", choices=("auto", "wrk", "httpx"), default="auto")
+    pl.add_argument("--seed", type=int, default=0)
+    pl.add_argument("--fences-per-farm", type=int, default=12)
+    pl.add_argument("--no-plot", action="store_true")
+    pl.add_argument("--keep-stack", action="store_true")
+    sub.add_parser("ingest", help="Kafka source read benchmark (ingest/bench.py)", add_help=False)
+    rp = sub.add_parser("report", help="write docs/benchmarks.md from the JSON results under docs/")
+    rp.add_argument("--docs", default=str(DOCS))
+    if argv and argv[0] == "ingest":
+        from ingest import bench as ingest_bench
+        if hasattr(ingest_bench, "main"):
+            return int(ingest_bench.main(argv[1:]) or 0)
+        ia = argparse.ArgumentParser(prog="herdfence bench ingest")
+        ia.add_argument("--records", type=int, default=200_000)
+        ia.add_argument("--json", metavar="FILE")
+        a = ia.parse_args(argv[1:])
+        print(json.dumps(ingest_bench.run(a.records, a.json)))
+        return 0
+    args = p.parse_args(argv)
+    cmd = _command(argv)
+    if args.what == "push":
+        out = push(args.fences, args.points, args.devices, args.json, seed=args.seed,
+                   fences_per_farm=args.fences_per_farm, plot=not args.no_plot, command=cmd,
+                   keep_stack=args.keep_stack)
+    elif args.what == "pull":
+        out = pull(args.fences, args.devices, args.seconds, args.json, seed=args.seed,
+                   connections=args.connections, client=args.client, fences_per_farm=args.fences_per_farm,
+                   plot=not args.no_plot, command=cmd, keep_stack=args.keep_stack)
+    else:
+        from loadgen.bench_report import write_report
+        path = write_report(Path(args.docs))
+        print(path)
+        return 0
+    print(json.dumps({k: out[k] for k in out if k not in ("machine", "stack", "produce")}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,173 @@
+"""Loading a simulation into a stack: farms, fences (bulk), devices (bulk), and streaming its reports
+through the real job while sampling the job's heartbeat."""
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import orjson
+import pandas as pd
+from tqdm import tqdm
+
+from fencing import keys
+from loadgen.bench_stack import say
+from loadgen.herd import Simulation
+
+
+@dataclass
+class Loaded:
+    tag: str
+    farm_of: dict[str, str]                 # sim farm id → real farm id
+    farm_keys: dict[str, str]               # real farm id → API key
+    fence_real: dict[str, tuple[str, str]]  # sim fence id → (real farm id, real fence id)
+    fence_sim: dict[tuple[str, str], str]   # (real farm, real fence id) → sim fence id
+    device_prefix: str
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def real_device(self, sim_device: str) -> str:
+        return self.device_prefix + sim_device
+
+
+def load_simulation(redis, sim: Simulation, progress: bool = True) -> Loaded:
+    from api.tenancy import create_farm, register_devices_bulk
+    from fencing.fence_store import save_fences_bulk, validate_features_bulk
+
+    tag = secrets.token_hex(3)
+    t0 = time.perf_counter()
+    farm_of: dict[str, str] = {}
+    farm_keys: dict[str, str] = {}
+    farms = [f.farm_id for f in sim.farms]
+    bar = tqdm(total=len(farms), unit="farm", desc="farms", disable=not progress)
+    for start in range(0, len(farms), 2_000):
+        pipe = redis.pipeline()
+        for sim_farm in farms[start:start + 2_000]:
+            farm_id, key = create_farm(pipe, f"bench {tag} {sim_farm}")   # queued, not sent yet
+            farm_of[sim_farm], farm_keys[farm_id] = farm_id, key
+        pipe.execute()
+        bar.update(len(farms[start:start + 2_000]))
+    bar.close()
+    t1 = time.perf_counter()
+
+    say(f"validating {len(sim.fences)} fences (H3 covers in bulk)")
+    valid = validate_features_bulk([f.geojson for f in sim.fences])
+    t2 = time.perf_counter()
+    fence_real, fence_sim, triples = {}, {}, []
+    for i, (fence, v) in enumerate(zip(sim.fences, valid)):
+        if isinstance(v, Exception):
+            raise v
+        real_farm, real_id = farm_of[fence.farm_id], f"f-{tag}-{i:07d}"
+        fence_real[fence.fence_id] = (real_farm, real_id)
+        fence_sim[(real_farm, real_id)] = fence.fence_id
+        triples.append((real_farm, real_id, v))
+    bar = tqdm(total=len(triples), unit="fence", desc="fences", disable=not progress)
+    for start in range(0, len(triples), 10_000):
+        save_fences_bulk(redis, None, triples[start:start + 10_000])
+        bar.update(len(triples[start:start + 10_000]))
+    bar.close()
+    t3 = time.perf_counter()
+
+    prefix = f"b{tag}-"
+    register_devices_bulk(redis, [(farm_of[sim.device_farm[d]], prefix + d, sim.device_herd[d][-40:])
+                                  for d in sim.device_ids.tolist()])
+    t4 = time.perf_counter()
+    return Loaded(tag, farm_of, farm_keys, fence_real, fence_sim, prefix,
+                  {"farms_s": round(t1 - t0, 3), "fence_validate_s": round(t2 - t1, 3),
+                   "fence_save_s": round(t3 - t2, 3), "devices_s": round(t4 - t3, 3)})
+
+
+# --- heartbeat ----------------------------------------------------------------------------------
+def read_heartbeat(redis) -> dict | None:
+    raw = redis.get(keys.JOB_HEARTBEAT)
+    return orjson.loads(raw) if raw else None
+
+
+class HeartbeatSampler(threading.Thread):
+    """Polls `job:heartbeat`; keeps one sample per distinct batch (time, points_total, stats)."""
+
+    def __init__(self, redis, interval: float = 0.1):
+        super().__init__(daemon=True)
+        self.redis, self.interval = redis, interval
+        self.beats: list[dict] = []
+        self._halt = threading.Event()
+        self.latest: dict | None = None
+
+    def run(self) -> None:
+        seen = None
+        while not self._halt.is_set():
+            try:
+                beat = read_heartbeat(self.redis)
+            except Exception:  # noqa: BLE001 - a Redis hiccup: keep sampling
+                beat = None
+            if beat is not None:
+                self.latest = beat
+                if beat.get("batch_id") != seen:
+                    seen = beat.get("batch_id")
+                    self.beats.append(beat)
+            self._halt.wait(self.interval)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(5)
+
+
+def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_timeout_s: float = 180.0):
+    """Produce `reports` (already renamed to real device ids) as fast as possible and wait until the
+    job's heartbeat has counted them all. Returns (write stats, first produce wall time (s), done wall
+    time (s) or None on stall, sampler, baseline points_total)."""
+    from loadgen.kafka_writer import write_reports
+
+    redis = stack.redis
+    base = (read_heartbeat(redis) or {}).get("points_total", 0)
+    sampler = HeartbeatSampler(redis)
+    sampler.start()
+    target = base + len(reports)
+    t_first = time.time()
+    stats = write_reports(stack.settings.kafka_bootstrap, reports, progress=progress)
+    t_first = float(stats.sent_at_ms[0]) / 1000.0 if len(reports) else t_first
+    bar = tqdm(total=len(reports), unit="pt", desc="processed by the job", disable=not progress)
+    done_at = None
+    last_progress, last_total = time.time(), base
+    while True:
+        beat = sampler.latest or {}
+        total = beat.get("points_total", 0)
+        if total < last_total:       # the job restarted: its counters began again
+            say("the job's counters went backwards (restart?); counting from the new total")
+            base, target = total - (last_total - base), total - (last_total - base) + len(reports)
+        bar.update(max(0, min(total, target) - base - bar.n))
+        if total >= target:
+            done_at = float(beat.get("time", time.time()))
+            break
+        if total != last_total:
+            last_progress = time.time()
+        last_total = total
+        if time.time() - last_progress > stall_timeout_s:
+            say(f"no progress for {stall_timeout_s:.0f} s: {total - base}/{len(reports)} processed")
+            break
+        time.sleep(0.05)
+    bar.close()
+    time.sleep(0.3)
+    sampler.stop()
+    return stats, t_first, done_at, sampler, base
+
+
+def read_events(redis, farm_ids: list[str]) -> pd.DataFrame:
+    """Every event in the farms' live streams: device_id, fence_id, type, ts (ms), visible_ms, farm."""
+    rows = []
+    for start in range(0, len(farm_ids), 1_000):
+        chunk = farm_ids[start:start + 1_000]
+        pipe = redis.pipeline()
+        for farm in chunk:
+            pipe.xrange(keys.event_stream(farm), "-", "+")
+        for farm, entries in zip(chunk, pipe.execute()):
+            for entry_id, fields in entries:
+                ev = orjson.loads(fields["event"])
+                rows.append((farm, ev["device_id"], ev["fence_id"], ev["type"], ev["ts"],
+                             int(entry_id.split("-", 1)[0]), ev.get("event_id")))
+    df = pd.DataFrame(rows, columns=["farm", "device_id", "fence_id", "type", "ts", "visible_ms", "event_id"])
+    if len(df):
+        from loadgen.truth import to_epoch_ms
+        df["ts"] = to_epoch_ms(df["ts"]).astype(np.int64)
+    return df

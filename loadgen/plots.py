@@ -1,0 +1,76 @@
+"""PNG plots of benchmark runs (matplotlib, Agg backend: no display needed)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def push_plot(path: str | Path, beats: list[dict], t0: float, base: int, latencies_ms: np.ndarray,
+              produced: tuple[np.ndarray, np.ndarray] | None, title: str) -> None:
+    """Left: points/s per heartbeat interval (and the producer's rate); right: event latency CDF."""
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    if len(beats) >= 2:
+        t = np.array([b["time"] for b in beats]) - t0
+        pts = np.array([b["points_total"] for b in beats], dtype=float) - base
+        rate = np.diff(pts) / np.maximum(np.diff(t), 1e-3)
+        ax1.step(t[1:], rate / 1e3, where="pre", label="processed by the job (heartbeats)")
+        ax1b = ax1.twinx()
+        ax1b.plot(t, pts / 1e3, color="grey", lw=1, ls="--", label="cumulative (k points)")
+        ax1b.set_ylabel("cumulative processed (k points)")
+    if produced is not None and len(produced[0]) > 1:
+        pt, pn = produced
+        ax1.plot(pt[1:] - t0, np.diff(pn) / np.maximum(np.diff(pt), 1e-3) / 1e3, color="tab:orange",
+                 lw=0.8, alpha=0.7, label="produced to Kafka")
+    ax1.set_xlabel("seconds since first report produced")
+    ax1.set_ylabel("k points/s")
+    ax1.set_title("throughput over time")
+    ax1.legend(loc="upper left", fontsize=8)
+    if len(latencies_ms):
+        x = np.sort(latencies_ms) / 1000.0
+        ax2.plot(x, np.arange(1, len(x) + 1) / len(x))
+        for q in (50, 99):
+            v = np.percentile(latencies_ms, q) / 1000.0
+            ax2.axvline(v, color="grey", ls=":", lw=1)
+            ax2.text(v, 0.02 + (0.1 if q == 99 else 0), f" p{q} {v:.2f} s", fontsize=8)
+    ax2.set_xlabel("event latency: report produced → event visible (s)")
+    ax2.set_ylabel("fraction of events")
+    ax2.set_title("event latency CDF")
+    ax2.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def pull_plot(path: str | Path, percentiles: dict[float, float], timeline: list[tuple[float, float]] | None,
+              title: str) -> None:
+    """Left: queries/s over time (when known); right: latency CDF from the client's percentiles."""
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    if timeline:
+        t, q = zip(*timeline)
+        ax1.step(t, q, where="pre")
+    ax1.set_xlabel("seconds")
+    ax1.set_ylabel("queries/s")
+    ax1.set_title("throughput over time")
+    if percentiles:
+        qs = sorted(percentiles)
+        ax2.plot([percentiles[q] for q in qs], [q / 100 for q in qs], marker=".")
+        ax2.set_xscale("log")
+    ax2.set_xlabel("latency (ms)")
+    ax2.set_ylabel("fraction of queries")
+    ax2.set_title("latency CDF")
+    ax2.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,404 @@
+"""Hostile input: fuzzing against the OpenAPI spec finds no 5xx; oversized, deep, malformed, huge,
+non-finite, mistyped, unicode and injection-looking input gets a clear 4xx naming the problem; rate
+limits answer 429 with Retry-After; secrets are stored hashed; malformed records written straight
+onto Kafka land in the DLQ while valid reports after them are processed."""
+from __future__ import annotations
+
+import base64
+import json
+import math
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import wait_for
+from tests.farmkit import Farm, square
+
+FUZZ_SECONDS = 50
+
+
+@pytest.fixture(scope="module")
+def farm(stack) -> Farm:
+    return Farm(stack, "hostile")
+
+
+def _raw(farm: Farm, method: str, path: str, content: bytes | str, **kw):
+    return farm.api.request(method, path, content=content, headers={"content-type": "application/json"}, **kw)
+
+
+def _detail(resp) -> str:
+    body = resp.json()
+    assert isinstance(body.get("detail"), (str, list)) and body["detail"], body
+    return json.dumps(body["detail"]).lower()
+
+
+# --- fuzzing against /openapi.json ---------------------------------------------------------------
+def test_schemathesis_finds_no_5xx(stack, farm):
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+    from schemathesis import GenerationMode
+
+    fence_id = farm.fence(square(8.50, 47.00))
+    schema = schemathesis.openapi.from_url(f"{stack.api_url}/openapi.json")
+    ops = [r.ok() for r in schema.get_all_operations()]
+    ops = [op for op in ops if op.path != "/v1/events/stream"]     # endless SSE: tested in test_tenancy
+    assert len(ops) >= 15, [op.path for op in ops]
+    deadline = time.monotonic() + FUZZ_SECONDS
+    budget = max(5, int(FUZZ_SECONDS * 2 / len(ops)))
+    failures: list[str] = []
+    calls = 0
+    for op in ops:
+        for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
+            if time.monotonic() > deadline:
+                break
+
+            @settings(max_examples=budget, deadline=None, database=None, phases=[Phase.generate],
+                      suppress_health_check=list(HealthCheck))
+            @given(case=op.as_strategy(generation_mode=mode))
+            def run(case):
+                nonlocal calls
+                if time.monotonic() > deadline:
+                    return
+                if case.path_parameters and "fence_id" in case.path_parameters and calls % 3 == 0:
+                    case.path_parameters["fence_id"] = fence_id           # sometimes hit a real object
+                resp = case.call(headers={"Authorization": f"Bearer {farm.key}"}, timeout=20)
+                calls += 1
+                if resp.status_code >= 500:
+                    failures.append(f"{case.method} {case.formatted_path} {case.query} "
+                                    f"{str(case.body)[:300]} -> {resp.status_code} {resp.text[:300]}")
+            run()
+    print(f"schemathesis: {calls} calls over {len(ops)} operations")
+    assert calls >= 100
+    assert not failures, "\n".join(failures[:10])
+
+
+# --- bodies --------------------------------------------------------------------------------------
+def test_oversized_bodies_413(farm):
+    big = b'{"reports": [' + b" " * (9 * 1024 * 1024) + b"]}"
+    for path in ("/v1/reports", "/v1/fences", "/v1/query/within", "/v1/devices"):
+        resp = _raw(farm, "POST", path, big)
+        assert resp.status_code == 413 and "too large" in _detail(resp), path
+
+    def chunks():                                       # no Content-Length: chunked, counted as it comes
+        for _ in range(10):
+            yield b" " * (1024 * 1024)
+    resp = farm.api.post("/v1/reports", content=chunks(), headers={"content-type": "application/json"})
+    assert resp.status_code == 413
+    many = {"reports": [{"device_id": "x", "ts": 1_700_000_000_000, "lat": 1, "lon": 1}] * 10_001}
+    resp = farm.api.post("/v1/reports", json=many)
+    assert resp.status_code == 413 and "10000" in _detail(resp).replace(",", "")
+
+
+@pytest.mark.parametrize("depth", [64, 5_000, 200_000])
+def test_deep_json_is_4xx(farm, depth):
+    for path in ("/v1/reports", "/v1/fences", "/v1/query/within", "/v1/devices", "/v1/webhooks"):
+        deep = '{"reports": ' + "[" * depth + "]" * depth + "}"
+        resp = _raw(farm, "POST", path, deep)
+        assert 400 <= resp.status_code < 500, (path, depth, resp.status_code, resp.text[:200])
+        _detail(resp)
+        deep_obj = '{"a":' * depth + "1" + "}" * depth
+        resp = _raw(farm, "POST", path, deep_obj)
+        assert 400 <= resp.status_code < 500, (path, depth, resp.status_code, resp.text[:200])
+
+
+def test_invalid_json_and_wrong_shapes(farm):
+    for bad in (b"{not json", b"", b"\xff\xfe", b"[1,2", b"null", b"42", b'"reports"', b"[]"):
+        for path in ("/v1/reports", "/v1/fences", "/v1/query/within", "/v1/devices", "/v1/webhooks"):
+            resp = _raw(farm, "POST", path, bad)
+            assert resp.status_code == 422, (path, bad, resp.status_code, resp.text[:200])
+            _detail(resp)
+    resp = farm.api.post("/v1/reports", json={"reports": "cow"})
+    assert resp.status_code == 422 and "reports" in _detail(resp)
+
+
+# --- reports -------------------------------------------------------------------------------------
+NOW = int(time.time() * 1000)
+BAD_REPORTS = [
+    ({"device_id": "c1", "ts": NOW, "lat": "47", "lon": 8.5}, "lat"),
+    ({"device_id": "c1", "ts": NOW, "lat": True, "lon": 8.5}, "lat"),
+    ({"device_id": "c1", "ts": NOW, "lat": [47], "lon": 8.5}, "lat"),
+    ({"device_id": "c1", "ts": NOW, "lat": 47, "lon": 181}, "lon"),
+    ({"device_id": "c1", "ts": NOW, "lat": 1e309, "lon": 8}, "lat"),
+    ({"device_id": "c1", "ts": True, "lat": 47, "lon": 8}, "ts"),
+    ({"device_id": "c1", "ts": "yesterday", "lat": 47, "lon": 8}, "ts"),
+    ({"device_id": "c1", "ts": 10**30, "lat": 47, "lon": 8}, "ts"),
+    ({"device_id": "c1", "ts": NOW + 3_600_000, "lat": 47, "lon": 8}, "ts"),
+    ({"device_id": "c1", "ts": -1, "lat": 47, "lon": 8}, "ts"),
+    ({"device_id": 17, "ts": NOW, "lat": 47, "lon": 8}, "device_id"),
+    ({"device_id": "", "ts": NOW, "lat": 47, "lon": 8}, "device_id"),
+    ({"device_id": "küh-1", "ts": NOW, "lat": 47, "lon": 8}, "device_id"),
+    ({"device_id": "牛🐄", "ts": NOW, "lat": 47, "lon": 8}, "device_id"),
+    ({"device_id": "c1\u202e", "ts": NOW, "lat": 47, "lon": 8}, "device_id"),
+    ({"device_id": "c\x001", "ts": NOW, "lat": 47, "lon": 8}, "device_id"),
+    ({"device_id": "1' OR '1'='1", "ts": NOW, "lat": 47, "lon": 8}, "device_id"),
+    ({"device_id": "<script>alert(1)</script>", "ts": NOW, "lat": 47, "lon": 8}, "device_id"),
+    ({"device_id": "x" * 65, "ts": NOW, "lat": 47, "lon": 8}, "device_id"),
+    ({"device_id": "c1", "ts": NOW, "lat": 47, "lon": 8, "battery": 101}, "battery"),
+    ({"device_id": "c1", "ts": NOW, "lat": 47, "lon": 8, "battery": "full"}, "battery"),
+    ({"device_id": "c1", "ts": NOW, "lat": 47, "lon": 8, "accuracy_m": -1}, "accuracy"),
+    ({"device_id": "c1", "ts": NOW, "lon": 8}, "lat"),
+    ("not an object", "object"),
+    (None, "object"),
+]
+
+
+def test_bad_reports_are_rejected_with_reason(farm):
+    resp = farm.api.post("/v1/reports", json={"reports": [r for r, _ in BAD_REPORTS]})
+    assert resp.status_code == 202, resp.text
+    body = resp.json()
+    assert body["accepted"] == 0
+    reasons = {r["index"]: r["reason"].lower() for r in body["rejected"]}
+    assert sorted(reasons) == list(range(len(BAD_REPORTS)))
+    for i, (_, field) in enumerate(BAD_REPORTS):
+        assert field in reasons[i], (BAD_REPORTS[i][0], reasons[i])
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity"])
+def test_non_finite_numbers(farm, literal):
+    body = '{"reports": [{"device_id": "c1", "ts": %d, "lat": %s, "lon": 8.5}]}' % (NOW, literal)
+    resp = _raw(farm, "POST", "/v1/reports", body)
+    assert resp.status_code in (202, 422), resp.text
+    if resp.status_code == 202:
+        assert resp.json()["accepted"] == 0 and "lat" in resp.json()["rejected"][0]["reason"].lower()
+    ring = "[[8.5,47.0],[8.51,47.0],[8.51,%s],[8.5,47.01],[8.5,47.0]]" % literal
+    geometry = '{"type":"Polygon","coordinates":[%s]}' % ring
+    for path, payload in (("/v1/fences", '{"type":"Feature","properties":{"name":"n"},"geometry":%s}' % geometry),
+                          ("/v1/query/within", '{"geometry": %s}' % geometry)):
+        resp = _raw(farm, "POST", path, payload)
+        assert resp.status_code == 422, (path, resp.status_code, resp.text[:200])
+        _detail(resp)
+
+
+# --- fences --------------------------------------------------------------------------------------
+def _feature(geometry, **props) -> dict:
+    return {"type": "Feature", "properties": {"name": "f", **props}, "geometry": geometry}
+
+
+def _circle(n: int, r: float = 0.01, lon: float = 8.3, lat: float = 46.9) -> dict:
+    ring = [[lon + r * math.cos(2 * math.pi * i / n), lat + r * math.sin(2 * math.pi * i / n)] for i in range(n)]
+    return {"type": "Polygon", "coordinates": [ring + [ring[0]]]}
+
+
+BAD_GEOMETRIES = [
+    ({"type": "Polygon", "coordinates": [[[0, 0], [1, 1], [1, 0], [0, 1], [0, 0]]]}, "self-intersection"),
+    ({"type": "Polygon", "coordinates": [[[8.5, 47], [8.6, 47], [8.6, 47.1]]]}, ""),          # not closed / too few
+    ({"type": "Polygon", "coordinates": [[[8.5, 47], [8.6, 47], [8.5, 47]]]}, ""),
+    ({"type": "Polygon", "coordinates": []}, ""),
+    ({"type": "Polygon", "coordinates": [[["8.5", "47"], [8.6, 47], [8.6, 47.1], [8.5, 47]]]}, ""),
+    ({"type": "Polygon", "coordinates": [[[8.5, 91], [8.6, 91], [8.6, 92], [8.5, 91]]]}, ""),
+    ({"type": "Polygon", "coordinates": [[[179.9, 0], [-179.9, 0], [-179.9, 0.1], [179.9, 0]]]}, ""),
+    ({"type": "Point", "coordinates": [8.5, 47]}, "polygon"),
+    ({"type": "LineString", "coordinates": [[8.5, 47], [8.6, 47]]}, "polygon"),
+    ({"type": "GeometryCollection", "geometries": []}, "polygon"),
+    ({"type": "Polygon"}, ""),
+    ("POLYGON((0 0, 1 0, 1 1, 0 0))", ""),
+    (None, ""),
+    ({"type": "MultiPolygon", "coordinates": [[[[0, 0], [1, 1], [1, 0], [0, 1], [0, 0]]]]}, ""),
+    (_circle(10_001), "vertices"),
+    (_circle(200, r=5.0), "large"),
+]
+
+
+@pytest.mark.parametrize("geometry,word", BAD_GEOMETRIES, ids=range(len(BAD_GEOMETRIES)))
+def test_bad_fences_are_422(farm, geometry, word):
+    resp = farm.api.post("/v1/fences", json=_feature(geometry))
+    assert resp.status_code == 422, resp.text[:300]
+    assert word in _detail(resp)
+    resp = farm.api.post("/v1/query/within", json={"geometry": geometry})
+    assert resp.status_code == 422, resp.text[:300]
+
+
+def test_fence_at_vertex_limit_is_accepted_and_bad_props_rejected(farm):
+    resp = farm.api.post("/v1/fences", json=_feature(_circle(9_999)))
+    assert resp.status_code == 201, resp.text[:300]
+    fid = resp.json()["id"]
+    assert farm.api.get(f"/v1/fences/{fid}").status_code == 200
+    for props in ({"name": 5}, {"name": "x" * 100_000}, {"debounce_reports": -1}, {"debounce_reports": "2"},
+                  {"debounce_seconds": -5}, {"dwell_seconds": "long"}):
+        feature = _feature(square(8.5, 47.0))
+        feature["properties"] = props
+        resp = farm.api.post("/v1/fences", json=feature)
+        assert resp.status_code == 422, (props, resp.status_code, resp.text[:200])
+        _detail(resp)
+    for feature in ({"type": "FeatureCollection", "features": []}, {"geometry": square(8.5, 47)}, [1, 2]):
+        resp = farm.api.post("/v1/fences", json=feature)
+        assert resp.status_code == 422, (feature, resp.text[:200])
+
+
+def test_injection_looking_strings_are_data_or_4xx(farm):
+    nasty = ["<script>alert(1)</script>", "'; DROP TABLE fences; --", "${jndi:ldap://x}", "../../etc/passwd",
+             "{{7*7}}", "\u0000", "%00", "*", "?", "fence}:{x"]
+    resp = farm.api.post("/v1/fences", json=_feature(square(8.5, 47.0), name=nasty[0]))
+    assert resp.status_code == 201 and resp.json()["properties"]["name"] == nasty[0]
+    assert resp.headers["content-type"].startswith("application/json")
+    for s in nasty:
+        for method, path in (("GET", f"/v1/fences/{s}"), ("DELETE", f"/v1/fences/{s}"),
+                             ("GET", f"/v1/fences/{s}/devices"), ("GET", f"/v1/devices/{s}")):
+            resp = farm.api.request(method, path.replace("?", "%3F"))
+            assert resp.status_code in (404, 405, 422), (method, path, resp.status_code, resp.text[:200])
+        for params in ({"fence_id": s}, {"device_id": s}, {"since": s}, {"limit": s}):
+            resp = farm.api.get("/v1/events", params=params)
+            assert resp.status_code in (200, 422), (params, resp.status_code)
+            if resp.status_code == 200:
+                assert resp.json()["events"] == []
+        resp = farm.api.get("/v1/positions", params={"bbox": s, "herd": s})
+        assert resp.status_code == 422 and "bbox" in _detail(resp)
+        resp = farm.api.post("/v1/devices", json={"device_id": s})
+        assert resp.status_code == 422 and "device_id" in _detail(resp)
+        resp = farm.api.post("/v1/devices", json={"device_id": "ok-1", "herd": s * 20})
+        assert resp.status_code in (201, 422)
+        resp = farm.api.post("/v1/webhooks", json={"url": s})
+        assert resp.status_code == 422 and "url" in _detail(resp)
+
+
+def test_query_parameters_out_of_range(farm):
+    for params in ({"limit": 0}, {"limit": 10_001}, {"limit": -1}, {"limit": "many"}, {"since": "2026-13-45"},
+                   {"since": "nan"}):
+        resp = farm.api.get("/v1/events", params=params)
+        assert resp.status_code == 422, (params, resp.status_code, resp.text[:200])
+        _detail(resp)
+    for bbox in ("1,2,3", "a,b,c,d", "10,10,0,0", "-200,0,0,1", "nan,nan,nan,nan", "inf,-inf,1,2", "0,0,1,1,1"):
+        resp = farm.api.get("/v1/positions", params={"bbox": bbox})
+        assert resp.status_code == 422 and "bbox" in _detail(resp), bbox
+    for params in ({"from": "soon"}, {"to": "later"}, {"limit": 0}, {"limit": 10**9}):
+        resp = farm.api.get("/v1/positions/history", params=params)
+        assert resp.status_code == 422, (params, resp.status_code)
+
+
+# --- limits, secrets ---------------------------------------------------------------------------------
+def test_per_device_rate_limit_429(stack, farm):
+    token = farm.device("rate-dev")
+    client = stack.client(token)
+    body = {"reports": []}
+
+    def hit(_):
+        r = client.post("/v1/reports", json=body)
+        return r.status_code, r.headers.get("retry-after")
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(hit, range(300)))
+    limited = [a for a in answers if a[0] == 429]
+    assert limited, f"no 429 in {len(answers)} fast requests: {set(a[0] for a in answers)}"
+    assert all(ra and float(ra) > 0 for _, ra in limited)
+    assert {s for s, _ in answers} <= {202, 429}
+    # another device of the same farm is not throttled by this one
+    other = stack.client(farm.device("rate-dev-2"))
+    assert other.post("/v1/reports", json=body).status_code == 202
+
+
+def test_per_farm_rate_limit_429(stack, monkeypatch):
+    """The farm bucket (500 req/s, burst 1000 on the real API) is checked in-process with a small rate:
+    the same middleware and route code, the running stack's Redis and broker."""
+    from fastapi.testclient import TestClient
+    from api import limits
+    for var, value in stack.env.items():
+        if var.startswith("HERDFENCE_"):
+            monkeypatch.setenv(var, value)
+    monkeypatch.setattr(limits, "FARM_REPORTS", limits.TokenBucket(1, 5))
+    monkeypatch.setattr(limits, "FARM_REQUESTS", limits.TokenBucket(5, 20))
+    farm_id, key = stack.new_farm("rate farm")
+    _, other_key = stack.new_farm("rate farm 2")
+    from api.app import app
+    with TestClient(app) as client:
+        auth = {"Authorization": f"Bearer {key}"}
+        codes = [client.post("/v1/reports", json={"reports": []}, headers=auth).status_code for _ in range(12)]
+        assert 429 in codes and codes[0] == 202, codes
+        resp = client.post("/v1/reports", json={"reports": []}, headers=auth)
+        assert resp.status_code == 429 and float(resp.headers["retry-after"]) > 0 and "slow down" in resp.json()["detail"]
+        reads = [client.get("/v1/fences", headers=auth).status_code for _ in range(40)]
+        assert 429 in reads and reads[0] == 200
+        other = client.post("/v1/reports", json={"reports": []}, headers={"Authorization": f"Bearer {other_key}"})
+        assert other.status_code == 202                       # per farm: another farm is not throttled
+
+
+def test_secrets_are_stored_hashed(stack):
+    import hashlib
+    farm_id, key = stack.new_farm("secret farm")
+    client = stack.client(key)
+    token = client.post("/v1/devices", json={"device_id": "secret-cow"}).json()["token"]
+    redis = stack.redis
+    for secret in (key, token):
+        digest = hashlib.sha256(secret.encode()).hexdigest()
+        assert redis.exists(f"apikey:{digest}") or redis.exists(f"devtoken:{digest}")
+    seen = 0
+    for name in redis.scan_iter(count=1000):
+        seen += 1
+        assert key not in name and token not in name
+        kind = redis.type(name)
+        if kind == "string":
+            values = [redis.get(name) or ""]
+        elif kind == "hash":
+            values = list(redis.hgetall(name).values()) if farm_id in name or "apikey" in name else []
+        else:
+            continue
+        for v in values:
+            assert key not in v and token not in v, name
+    assert seen > 5
+    assert redis.hget(f"farm:{{{farm_id}}}", "key_hash") == hashlib.sha256(key.encode()).hexdigest()
+    # a wrong key of the same length, a prefix, a hash of the key: all 401
+    for wrong in (key[:-1] + ("A" if key[-1] != "A" else "B"), key[:10], hashlib.sha256(key.encode()).hexdigest()):
+        assert stack.client(wrong).get("/v1/fences").status_code == 401
+
+
+# --- malformed records straight onto Kafka --------------------------------------------------------
+def test_malformed_kafka_records_go_to_dlq_and_valid_ones_still_flow(stack):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    farm = Farm(stack, "dlq farm")
+    fence_id = farm.fence(square(8.50, 47.00))
+    farm.device("dlq-cow")
+    marker = f"m{time.time_ns()}"
+    ts = farm.base_ts
+    bad = [
+        (b"not json " + marker.encode(), "json"),
+        (b'\xff\xfe\x00' + marker.encode(), ""),
+        (json.dumps({"device_id": "dlq-cow", "ts": ts, "lat": "47", "lon": 8.5, "m": marker}).encode(), "lat"),
+        (json.dumps({"device_id": "dlq-cow", "ts": ts, "lat": 95.0, "lon": 8.5, "m": marker}).encode(), "lat"),
+        (json.dumps({"device_id": "dlq-cow", "ts": "soon", "lat": 47.0, "lon": 8.5, "m": marker}).encode(), "ts"),
+        (json.dumps({"device_id": f"nobody-{marker}", "ts": ts, "lat": 47.0, "lon": 8.5}).encode(), "unknown"),
+        (json.dumps([marker]).encode(), "object"),
+    ]
+    good = [{"device_id": "dlq-cow", "ts": ts + 1000 * i, "lat": lat, "lon": lon}
+            for i, (lon, lat) in enumerate([(8.505, 47.005), (8.506, 47.006)], start=1)]
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "partitioner": "murmur2_random"})
+    for value, _ in bad:
+        producer.produce("gps.reports", value=value, key=b"dlq-cow")
+    for rec in good:
+        producer.produce("gps.reports", value=json.dumps(rec).encode(), key=b"dlq-cow")
+    assert producer.flush(15) == 0
+    [enter] = farm.wait_events(1, timeout=60, device_id="dlq-cow")
+    assert enter["fence_id"] == fence_id and enter["type"] == "enter"
+
+    consumer = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"dlq-{marker}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition("gps.reports.dlq", 0, 0)])
+    letters: list[dict] = []
+
+    def text(d: dict) -> str:
+        raw = d.get("raw", "")
+        try:
+            return raw + base64.b64decode(raw, validate=True).decode("latin-1")
+        except ValueError:
+            return raw
+
+    def mine() -> list[dict]:
+        return [d for d in letters if marker in text(d)]
+
+    def ours() -> bool:
+        msg = consumer.poll(0.5)
+        while msg is not None:
+            if not msg.error():
+                letters.append(json.loads(msg.value()))
+            msg = consumer.poll(0.1)
+        return len(mine()) >= len(bad)
+    wait_for(ours, timeout=60, interval=0.1, what="dead letters of the malformed records")
+    consumer.close()
+    for d in mine():
+        assert set(d) >= {"reason", "raw", "topic", "partition", "offset"}, d
+        assert d["topic"] == "gps.reports" and isinstance(d["partition"], int) and isinstance(d["offset"], int)
+        assert d["reason"]
+    assert len(mine()) == len(bad), mine()
+    reasons = " | ".join(d["reason"].lower() for d in mine())
+    for _, word in bad:
+        assert word in reasons, (word, reasons)
+    offsets = {(d["partition"], d["offset"]) for d in mine()}
+    assert len(offsets) == len(bad), "each bad record dead-lettered once"
