@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import bisect
+import time
 from dataclasses import dataclass, field
 
 import orjson
@@ -73,8 +74,15 @@ def _job_metrics(redis) -> list[str]:
         "herdfence_redis_calls_local_total": beat.get("redis_local_total", 0),
         "herdfence_redis_calls_cross_node_total": beat.get("redis_cross_total", 0),
         "herdfence_job_routing_version": beat.get("routing_version", 0),
+        "herdfence_reports_shed_total": beat.get("shed_total", 0),
+        "herdfence_job_points_total": beat.get("points_total", 0),
+        "herdfence_job_heartbeat_age_seconds": round(max(0.0, time.time() - beat.get("time", time.time())), 3),
     }
     out = ["herdfence_job_up 1"]
     for name, value in gauges.items():
         out += [f"# TYPE {name} gauge", f"{name} {value}"]
+    out += ["# HELP herdfence_partition_points Points per routed partition in the last micro-batch.",
+            "# TYPE herdfence_partition_points gauge"]
+    for part in beat.get("partitions", []):
+        out.append(f'herdfence_partition_points{{partition="{part.get("partition")}"}} {part.get("points", 0)}')
     return out
