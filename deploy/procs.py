@@ -167,7 +167,9 @@ def wait_for_port(port: int, timeout: float, rec: ProcRecord | None = None,
     while time.monotonic() < deadline:
         if port_open(port):
             return
-        if rec is not None and not record_alive(rec):
+        # No cmdline markers here: right after fork, before exec, the child still shows our own
+        # cmdline; only a process that is really gone counts as dead.
+        if rec is not None and not is_alive(rec.pid):
             tail = log_tail(settings, rec.spec.name) if settings else ""
             raise DeployError(f"{rec.spec.name} exited before listening on port {port}:\n{tail}")
         time.sleep(0.1)
@@ -191,6 +193,11 @@ def start(settings: Settings, spec: ProcSpec, restarts: int = 0) -> ProcRecord:
                                 close_fds=True)
     rec = ProcRecord(spec=spec, pid=proc.pid, started_at=time.time(), restarts=restarts)
     write_record(settings, rec)
+    # Until the child has exec'd, its cmdline is still ours: wait for it, so that marker-based
+    # liveness checks right after a start never mistake a starting process for a dead one.
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and is_alive(proc.pid) and not is_alive(proc.pid, spec.markers):
+        time.sleep(0.01)
     return rec
 
 

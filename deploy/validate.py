@@ -124,3 +124,25 @@ def check(settings: Settings, spark_workers: int = 0) -> dict:
     if settings.redis:
         found["redis"] = check_redis_cluster(settings.redis)
     return found
+
+
+def main() -> int:
+    """`python -m deploy.validate`: check the HERDFENCE_* configuration (the job image runs this first)."""
+    import json
+    import sys
+
+    from deploy.settings import load_settings
+    try:
+        settings = load_settings()
+        found = check(settings)
+        if settings.spark_master:
+            check_spark_master(settings.spark_master)
+    except DeployError as e:
+        print(f"herdfence: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps({"ok": True, **found}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -18,6 +18,7 @@ from fencing import keys
 
 DEFAULT_PARTITIONS = 6
 SPLIT_RES = 7        # a split group is routed by the res-7 children of its points
+SPREAD_UNLISTED = True
 
 
 @dataclass(frozen=True)
@@ -38,10 +39,14 @@ class RoutingTable:
     def partition_of_child(self, group: str, child: str | None) -> int:
         """Partition of a report in `group` whose res-SPLIT_RES cell is `child`."""
         split = self.splits.get(group)
-        if split and child is not None:
+        if split is not None and child is not None:
             explicit = split.get(child)
             if explicit is not None:
                 return explicit
+            if SPREAD_UNLISTED:
+                # a child the controller has not placed yet (the herd walked into it since the last plan):
+                # spread, so that new children of a hot group do not all pile onto the group's partition
+                return zlib.crc32(child.encode()) % self.partitions
         return self.partition_of(group)
 
     def partition_of(self, group: str) -> int:

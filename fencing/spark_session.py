@@ -42,6 +42,11 @@ def cluster_conf(env: dict[str, str] | None = None) -> dict[str, str]:
             "spark.executor.memory": env.get("HERDFENCE_EXECUTOR_MEMORY", "1g"),
             # A micro-batch's tasks should start at once on any executor, not wait for locality.
             "spark.locality.wait": "0s"}
+    # Pinned driver ports (containers, firewalls): executors connect back to the driver on these.
+    if env.get("HERDFENCE_DRIVER_PORT"):
+        conf["spark.driver.port"] = env["HERDFENCE_DRIVER_PORT"]
+    if env.get("HERDFENCE_BLOCKMANAGER_PORT"):
+        conf["spark.blockManager.port"] = env["HERDFENCE_BLOCKMANAGER_PORT"]
     if env.get("HERDFENCE_EXECUTOR_PYTHON"):
         conf["spark.pyspark.python"] = env["HERDFENCE_EXECUTOR_PYTHON"]
     if env.get("HERDFENCE_DYNAMIC_ALLOCATION", "1").lower() not in ("0", "false", "no", "off"):
