@@ -66,6 +66,9 @@ def _env_rate(name: str, default: float) -> float:
 
 
 # Report posting is the write path devices hammer; reads are cheap and only capped per farm.
-DEVICE_REPORTS = TokenBucket(_env_rate("HERDFENCE_RATE_DEVICE", 20), 2 * _env_rate("HERDFENCE_RATE_DEVICE", 20))
-FARM_REPORTS = TokenBucket(_env_rate("HERDFENCE_RATE_FARM_REPORTS", 500), 2 * _env_rate("HERDFENCE_RATE_FARM_REPORTS", 500))
+# A collar reports every few seconds at most: 50 requests/s (burst 100) per device token is far above
+# legitimate use; gateways post batches with the farm key (2,000 requests/s, burst 4,000).
+DEVICE_REPORTS = TokenBucket(_env_rate("HERDFENCE_RATE_DEVICE", 50), 2 * _env_rate("HERDFENCE_RATE_DEVICE", 50))
+FARM_REPORTS = TokenBucket(_env_rate("HERDFENCE_RATE_FARM_REPORTS", 2000),
+                           2 * _env_rate("HERDFENCE_RATE_FARM_REPORTS", 2000))
 FARM_REQUESTS = TokenBucket(_env_rate("HERDFENCE_RATE_FARM", 50_000), 2 * _env_rate("HERDFENCE_RATE_FARM", 50_000))

@@ -10,11 +10,16 @@ For the elastic controller (fencing/elastic.py), which runs inside the job's dri
 
 They call the driver's SparkContext through Py4J (sc._jsc.sc().requestExecutors / killExecutor), the
 same ExecutorAllocationClient that Spark's dynamic allocation uses; in local mode they do nothing and
-return False. With dynamic allocation on (the default on spark:// and k8s://, see
-fencing/spark_session.py) Spark itself adds executors while tasks queue up for longer than
-spark.dynamicAllocation.schedulerBacklogTimeout and removes executors idle for executorIdleTimeout,
-between minExecutors and maxExecutors; an explicit request_executors() makes capacity available at
-once (e.g. before a planned re-partitioning), and Spark's allocation manager later trims what stays idle.
+return False.
+
+Two ways to own the executor count — pick one (HERDFENCE_DYNAMIC_ALLOCATION):
+  * 1 (default for an external spark:// or k8s:// master, see fencing/spark_session.py): Spark's
+    dynamic allocation adds executors while tasks queue up for longer than schedulerBacklogTimeout
+    and removes executors idle for executorIdleTimeout, between HERDFENCE_MIN/MAX_EXECUTORS. Spark
+    then refuses killExecutors (kill_executors returns []) and its allocation manager overrides
+    explicit requests at its next adjustment: the controller should only re-plan partitions.
+  * 0 (default for `herdfence up --spark-workers N`): the elastic controller drives the count with
+    request_executors / kill_executors / scale_to; killed executors are not replaced.
 
 From outside the driver (operators, `herdfence up --spark-workers N`): RequestWatcher, started by the
 job's SparkSession on a cluster, polls the Redis key `job:scale:request` — JSON {"id", "add": n} or
@@ -59,9 +64,16 @@ def kill_executors(sc: Any, ids: list[str]) -> list[str]:
     """Release the given executors; returns the ids the cluster manager accepted to kill."""
     if not _is_cluster(sc):
         return []
+    if dynamic_allocation(sc):
+        log.warning("kill_executors(%s) refused: dynamic allocation owns the executor count", ids)
+        return []
     done = [i for i in ids if sc._jsc.sc().killExecutor(str(i))]
     log.info("killed executors %s (asked %s)", done, ids)
     return done
+
+
+def dynamic_allocation(sc: Any) -> bool:
+    return sc.getConf().get("spark.dynamicAllocation.enabled", "false").lower() == "true"
 
 
 def scale_to(sc: Any, target: int) -> dict:

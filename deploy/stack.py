@@ -53,9 +53,12 @@ def job_spec(settings: Settings, spark_master: str | None, pyfiles: list[str] | 
         env["HERDFENCE_SPARK_MASTER"] = spark_master
     if pyfiles:               # the executors' code (deploy/artifact.py), shipped by the job's SparkContext
         env[artifact.ENV] = ",".join(pyfiles)
-    if executors:             # dynamic allocation starts with one executor per local worker
-        env.setdefault("HERDFENCE_INITIAL_EXECUTORS", str(executors))
-        env.setdefault("HERDFENCE_MIN_EXECUTORS", "1")
+    if executors:
+        # The embedded standalone cluster: the executor count is driven explicitly (deploy/scale.py:
+        # the elastic controller, `up --spark-workers N`), not by Spark's dynamic allocation, which
+        # refuses killExecutors and overrides requestExecutors. HERDFENCE_DYNAMIC_ALLOCATION=1 switches.
+        env["HERDFENCE_DYNAMIC_ALLOCATION"] = "0"
+        env["HERDFENCE_INITIAL_EXECUTORS"] = str(executors)
     for var in ("HERDFENCE_MIN_EXECUTORS", "HERDFENCE_MAX_EXECUTORS", "HERDFENCE_INITIAL_EXECUTORS",
                 "HERDFENCE_DYNAMIC_ALLOCATION", "HERDFENCE_EXECUTOR_MEMORY", "HERDFENCE_EXECUTOR_CORES",
                 "HERDFENCE_TRIGGER", "HERDFENCE_MAX_OFFSETS_PER_TRIGGER", "HERDFENCE_ELASTIC"):

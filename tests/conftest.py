@@ -61,7 +61,9 @@ class Stack:
 def stack(tmp_path_factory) -> Stack:
     home = tmp_path_factory.mktemp("herdfence-home")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
-    env.update(TEST_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_TRIGGER="200 milliseconds")
+    # a low per-device report rate so that the 429 path is reachable from a test client
+    env.update(TEST_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_TRIGGER="200 milliseconds",
+               HERDFENCE_RATE_DEVICE="10")
     s = Stack(env=env, api_url=f"http://127.0.0.1:{TEST_PORTS['HERDFENCE_API_PORT']}")
     try:
         s.cli("up", "--detach", timeout=600)
