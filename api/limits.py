@@ -1,11 +1,17 @@
 """Request body size limit (413) as raw ASGI middleware, so a huge body is never buffered whole."""
 from __future__ import annotations
 
+from fastapi import HTTPException
+
 MAX_BODY_BYTES = 8 * 1024 * 1024   # 10,000 reports of ~300 bytes fit with room to spare
 
 
-class BodyTooLarge(Exception):
-    pass
+class BodyTooLarge(HTTPException):
+    """An HTTPException, so that FastAPI's body parsing re-raises it (413) instead of turning any
+    exception raised while reading a chunked body into a 400."""
+
+    def __init__(self, max_bytes: int = MAX_BODY_BYTES):
+        super().__init__(413, f"request body too large: the limit is {max_bytes} bytes")
 
 
 class BodySizeLimit:
@@ -26,7 +32,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise BodyTooLarge()
+                    raise BodyTooLarge(self.max_bytes)
             return message
 
         try:

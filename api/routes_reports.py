@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import time
 
+from confluent_kafka import KafkaException
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
 
 from api import limits, tenancy
@@ -47,7 +48,10 @@ def post_reports(request: Request, body: dict = Body(..., examples=[REPORTS_EXAM
             tenancy.register_device(redis, who.farm_id, device_id, None, with_token=False)
     try:
         request.app.state.producer().send_many(accepted)
-    except BrokerUnavailable as err:
+    except (BrokerUnavailable, KafkaException) as err:
+        # librdkafka's idempotent producer turns fatal for good when the broker loses its state (a
+        # restarted embedded broker): every later produce fails. Drop it; the next request makes a new one.
+        request.app.state.producer.cache_clear()
         raise HTTPException(503, f"the report log is unavailable, nothing was accepted: {err}",
                             headers={"Retry-After": "5"}) from None
     METRICS.reports_accepted += len(accepted)

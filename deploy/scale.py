@@ -51,23 +51,43 @@ def executor_ids(sc: Any) -> list[str]:
     return sorted((str(i) for i in ids), key=lambda i: (not i.isdigit(), int(i) if i.isdigit() else 0, i))
 
 
+_targets: dict[int, int] = {}      # id(sc) -> the executor total we last asked for (pending ones count)
+
+
+def _set_total(sc: Any, total: int) -> bool:
+    """Absolute target (SparkContext.requestTotalExecutors): robust where relative requests are not —
+    the standalone backend's own running total starts at 0 without dynamic allocation."""
+    jvm = sc._jvm
+    no_locality = jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(jvm.java.util.HashMap())
+    ok = bool(sc._jsc.sc().requestTotalExecutors(int(total), 0, no_locality))
+    if ok:
+        _targets[id(sc)] = int(total)
+    return ok
+
+
 def request_executors(sc: Any, n: int = 1) -> bool:
     """Ask the cluster manager for `n` more executors. False in local mode or when refused."""
     if n <= 0 or not _is_cluster(sc):
         return False
-    ok = bool(sc._jsc.sc().requestExecutors(int(n)))
+    if dynamic_allocation(sc):       # advisory: the allocation manager adjusts it at its next step
+        ok = bool(sc._jsc.sc().requestExecutors(int(n)))
+    else:
+        ok = _set_total(sc, max(_targets.get(id(sc), 0), len(executor_ids(sc))) + int(n))
     log.info("requested %d more executor(s): %s", n, "accepted" if ok else "refused")
     return ok
 
 
 def kill_executors(sc: Any, ids: list[str]) -> list[str]:
-    """Release the given executors; returns the ids the cluster manager accepted to kill."""
+    """Release the given executors (not replaced); returns the ids the cluster manager accepted."""
     if not _is_cluster(sc):
         return []
     if dynamic_allocation(sc):
         log.warning("kill_executors(%s) refused: dynamic allocation owns the executor count", ids)
         return []
-    done = [i for i in ids if sc._jsc.sc().killExecutor(str(i))]
+    live = executor_ids(sc)
+    _set_total(sc, max(_targets.get(id(sc), 0), len(live)))     # a sane baseline for the decrement
+    done = [i for i in ids if i in live and sc._jsc.sc().killExecutor(str(i))]
+    _targets[id(sc)] = max(0, _targets.get(id(sc), len(live)) - len(done))
     log.info("killed executors %s (asked %s)", done, ids)
     return done
 

@@ -29,10 +29,11 @@ class Settings:
     api_port: int
     embedded_kafka_port: int = DEFAULT_KAFKA_PORT
     embedded_redis_port: int = DEFAULT_REDIS_PORT
+    embedded_redis_masters: int = REDIS_MASTERS     # HERDFENCE_EMBEDDED_REDIS_MASTERS: any size >= 1
 
     @property
     def embedded_redis_ports(self) -> list[int]:
-        return [self.embedded_redis_port + i for i in range(REDIS_MASTERS)]
+        return [self.embedded_redis_port + i for i in range(self.embedded_redis_masters)]
 
     @property
     def kafka_bootstrap(self) -> str:
@@ -76,4 +77,5 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         api_port=int(env.get("HERDFENCE_API_PORT") or 8000),
         embedded_kafka_port=int(env.get("HERDFENCE_EMBEDDED_KAFKA_PORT") or DEFAULT_KAFKA_PORT),
         embedded_redis_port=int(env.get("HERDFENCE_EMBEDDED_REDIS_PORT") or DEFAULT_REDIS_PORT),
+        embedded_redis_masters=max(1, int(env.get("HERDFENCE_EMBEDDED_REDIS_MASTERS") or REDIS_MASTERS)),
     )

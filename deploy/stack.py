@@ -38,7 +38,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     """The HERDFENCE_* variables that reproduce `settings` in a child process."""
     env = {"HERDFENCE_HOME": str(settings.home), "HERDFENCE_API_PORT": str(settings.api_port),
            "HERDFENCE_EMBEDDED_KAFKA_PORT": str(settings.embedded_kafka_port),
-           "HERDFENCE_EMBEDDED_REDIS_PORT": str(settings.embedded_redis_port)}
+           "HERDFENCE_EMBEDDED_REDIS_PORT": str(settings.embedded_redis_port),
+           "HERDFENCE_EMBEDDED_REDIS_MASTERS": str(settings.embedded_redis_masters)}
     for var, value in (("HERDFENCE_KAFKA", settings.kafka), ("HERDFENCE_REDIS", settings.redis),
                        ("HERDFENCE_SPARK_MASTER", settings.spark_master)):
         if value:

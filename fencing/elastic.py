@@ -1,23 +1,25 @@
 """The elastic loop: monitor → analyze → plan → execute, inside the running query (never stopped).
 
 * Monitor: the job calls the controller (BatchProcessor observer) after every micro-batch with its
-  heartbeat: per partition points, time, per cell group points, per split group per res-7 child points,
-  local vs cross-node Redis calls, shed reports, and the source lag.
+  heartbeat: per partition points, time, per cell group points, per group per device bucket points
+  (attributed as routed: all of a device's reports to the group of its last report), local vs
+  cross-node Redis calls, shed reports, and the source lag.
 * Analyze: beats are aggregated into windows of >= `min_points` points; the imbalance of a window is
   max/mean of the partitions' points. Hysteresis: act only when the imbalance exceeds `trigger` in
   `confirm` consecutive windows and `cooldown` windows have passed since the last action; the plan
   aims at `settle` (< trigger) so a balanced table is not re-planned on noise.
-* Plan: items are cell groups, and the res-7 children of split groups. A group alone above `split_share`
-  of a partition's fair share is split (its children become items); a split group that went cold is
-  merged back. Then either pairwise balancing (Borealis: repeatedly move the item that best evens the
-  most and least loaded partitions) or bin-packing (HarmonicIO IRM: first-fit decreasing into bins of
-  capacity settle x mean, keeping an item in its bin when it fits).
+* Plan: items are cell groups, and the device buckets of split groups (fencing.routing.SPLIT_BUCKETS).
+  A group alone above `split_share` of a partition's fair share is split (its buckets become items); a
+  split group that went cold is merged back. Then either pairwise balancing (Borealis: repeatedly move
+  the item that best evens the most and least loaded partitions) or bin-packing (HarmonicIO IRM:
+  first-fit decreasing into bins of capacity settle x mean, keeping an item in its bin when it fits).
 * Execute: move the Redis slots of moved (whole) groups to the master aligned with their new partition
   (fencing.slots: whole-slot live migration), then publish routing version v+1 with the `moved` groups;
   the next micro-batch routes by it and its tasks drop exactly the moved groups from their caches.
   The controller runs on the driver between two micro-batches, so no task runs during a migration.
 * Load shedding (Borealis, semantic): when the source lag exceeds `shed_lag`, routing.shed is set and
-  tasks drop reports that provably cannot change any fence state (see `shed_reports`).
+  tasks drop reports that provably cannot change any fence state (see `shed_reports`). `shed` in the
+  config forces it ("on"/"off"; default "auto").
 """
 from __future__ import annotations
 
@@ -28,16 +30,18 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import orjson
+import pandas as pd
 import pyarrow as pa
 
 from fencing import keys, routing, slots
-from fencing.h3util import cells_to_strs, parent
 
 log = logging.getLogger("herdfence.elastic")
 
 STATUS_KEY = "elastic:status"        # JSON: routing version, last window, decisions, totals
 HISTORY_KEY = "elastic:history"      # list of JSON windows (newest first), for plots and the scenario
 CONFIG_KEY = "elastic:config"        # JSON overrides of ElasticConfig (e.g. {"enabled": false})
+DECISIONS_KEY = "elastic:decisions"  # list of JSON decisions (newest first), all of them (status: last 20)
+STALLS_KEY = "elastic:stalls"        # hash: routing version → measured reconfiguration stall (ms)
 HISTORY_MAX = 5000
 
 
@@ -47,13 +51,16 @@ class ElasticConfig:
     planner: str = "pairwise"        # "pairwise" (Borealis) or "binpack" (HarmonicIO IRM)
     min_points: int = 1500           # a window closes once it has this many points ...
     max_beats: int = 8               # ... or this many beats
-    trigger: float = 1.3             # act when max/mean exceeds this ...
+    # hysteresis band: act when max/mean exceeds `trigger` (below the 1.3 bar, so a drifting hot spot is
+    # re-balanced before it crosses it) and plan down to `settle`; inside the band nothing moves
+    trigger: float = 1.2             # act when max/mean exceeds this ...
     confirm: int = 1                 # ... in this many consecutive windows
-    settle: float = 1.12             # the plan aims at max/mean <= settle
-    cooldown: int = 1                # windows to wait after an action (the next window measures it)
+    settle: float = 1.05             # the plan aims at max/mean <= settle
+    cooldown: int = 0                # windows to wait after an action (0: the next window may act)
     split_share: float = 0.9         # split a group whose load exceeds this fraction of the fair share
     merge_share: float = 0.25        # merge a split group back when it falls under this fraction
-    max_moves: int = 24              # moves per step
+    max_moves: int = 64              # moves per step (bucket moves are cheap: no slot migration)
+    shed: str = "auto"               # "auto": by lag; "on"/"off": forced (tests, operators)
     shed_lag: int = 200_000          # shed when the source lag (records) exceeds this
     unshed_lag: int = 50_000         # stop shedding under this
 
@@ -85,7 +92,7 @@ class Plan:
 
 def current_items(table: routing.RoutingTable, group_load: dict[str, float],
                   child_load: dict[str, dict[str, float]]) -> dict[str, tuple[float, int]]:
-    """item → (load, partition). Items: 'group' or 'group/child' for split groups."""
+    """item → (load, partition). Items: 'group' or 'group/bucket' for split groups."""
     items: dict[str, tuple[float, int]] = {}
     for g, load in group_load.items():
         if g in table.splits:
@@ -143,7 +150,9 @@ def plan(table: routing.RoutingTable, group_load: dict[str, float], child_load: 
 
 def _pairwise(assign, weight, loads, target, max_moves) -> None:
     """Borealis-style pairwise: move from the most to the least loaded partition the item that best
-    evens the pair, until the maximum is under target or no move helps."""
+    evens the pair, until the maximum is under target or no move helps. (Trying other targets adds
+    nothing: an item that fits the gap to any partition fits the larger gap to the least loaded one.
+    What makes pairwise converge is items small enough — hence device buckets for hot groups.)"""
     for _ in range(max_moves):
         hi, lo = int(np.argmax(loads)), int(np.argmin(loads))
         if loads[hi] <= target:
@@ -242,6 +251,7 @@ class Controller:
             normal = float(np.median(self.batch_seconds)) if self.batch_seconds else 0.0
             extra = max(0.0, float(beat.get("duration_s", 0)) - normal)
             self.pending_stall["stall_ms"] = round(self.pending_stall["execute_ms"] + 1000 * extra, 1)
+            self.redis.hset(STALLS_KEY, str(self.pending_stall["version"]), self.pending_stall["stall_ms"])
             self.pending_stall = None
         elif beat.get("points"):
             self.batch_seconds.append(float(beat.get("duration_s", 0)))
@@ -277,7 +287,8 @@ class Controller:
                 if p < n:
                     pts[p] += s.get("points", 0)
                     secs[p] += s.get("seconds", 0.0)
-                for g, x in (s.get("groups") or {}).items():
+                # group loads as routed (a device's reports count for the group of its last report)
+                for g, x in (s.get("route_groups") or s.get("groups") or {}).items():
                     groups[g] = groups.get(g, 0.0) + x
                 for g, ch in (s.get("children") or {}).items():
                     into = children.setdefault(g, {})
@@ -294,7 +305,9 @@ class Controller:
         self.since_action += 1
         table = routing.load(self.redis)
         shed = table.shed
-        if window.lag > cfg.shed_lag:
+        if cfg.shed in ("on", "off"):
+            shed = cfg.shed == "on"
+        elif window.lag > cfg.shed_lag:
             shed = True
         elif window.lag < cfg.unshed_lag:
             shed = False
@@ -303,20 +316,25 @@ class Controller:
         act = (cfg.enabled and self.over >= cfg.confirm and self.since_action > cfg.cooldown
                and len(window.partition_points) == table.partitions)
         if not act:
-            if shed != table.shed:
-                routing.publish(self.redis, table.evolve(shed=shed))
-                self._decide({"why": f"lag {window.lag} → shed={shed}", "version": table.version + 1})
+            self._set_shed(table, shed, window, cfg)
             return None
         result = plan(table, window.groups, window.children, cfg)
-        if not result.moves and not result.split and not result.merged:
+        predicted = (max(result.predicted) / (sum(result.predicted) / len(result.predicted))
+                     if result.predicted and sum(result.predicted) else imbalance)
+        if (not result.moves and not result.split and not result.merged) or \
+                (not result.moves and predicted > imbalance * 0.95):
+            self._set_shed(table, shed, window, cfg)
             return None
-        predicted = max(result.predicted) / (sum(result.predicted) / len(result.predicted))
-        if not result.moves and predicted > imbalance * 0.95:
-            return None
-        return self.execute(table, result, imbalance, predicted, shed)
+        return self.execute(table, result, imbalance, predicted, shed, window.end_batch)
+
+    def _set_shed(self, table: routing.RoutingTable, shed: bool, window: Window, cfg: ElasticConfig) -> None:
+        if shed != table.shed:
+            routing.publish(self.redis, table.evolve(shed=shed))
+            why = f"config shed={cfg.shed}" if cfg.shed in ("on", "off") else f"lag {window.lag}"
+            self._decide({"why": f"{why} → shed={shed}", "version": table.version + 1})
 
     def execute(self, table: routing.RoutingTable, result: Plan, imbalance: float, predicted: float,
-                shed: bool) -> dict:
+                shed: bool, batch_id: int | None = None) -> dict:
         started = time.perf_counter()
         # whole groups moved to another partition: their slot goes to the master aligned with it
         slot_moves: dict[int, str] = {}
@@ -335,13 +353,13 @@ class Controller:
         self.steps += 1
         self.since_action = 0
         self.over = 0
-        decision = {"step": self.steps, "version": new.version, "time": time.time(),
+        decision = {"step": self.steps, "version": new.version, "time": time.time(), "batch_id": batch_id,
                     "why": f"max/mean {imbalance:.2f} > {self.config().trigger}",
                     "imbalance": round(imbalance, 3), "predicted": round(predicted, 3),
-                    "planner": self.config().planner, "moves": result.moves[:50], "n_moves": len(result.moves),
+                    "planner": self.config().planner, "moves": result.moves[:100], "n_moves": len(result.moves),
                     "split": result.split, "merged": result.merged, "slots": migrated,
                     "execute_ms": execute_ms, "stall_ms": None}
-        self.pending_stall = decision
+        self.pending_stall = decision       # stall_ms is filled in by the next beat (see observe)
         self._decide(decision)
         log.info("elastic step %d: v%d %s moves=%d split=%s slots=%d in %.0f ms", self.steps, new.version,
                  decision["why"], len(result.moves), result.split, len(migrated), execute_ms)
@@ -349,6 +367,8 @@ class Controller:
 
     def _decide(self, decision: dict) -> None:
         self.decisions.append(decision)
+        self.redis.lpush(DECISIONS_KEY, orjson.dumps(decision))
+        self.redis.ltrim(DECISIONS_KEY, 0, HISTORY_MAX - 1)
 
     def _status(self, cfg: ElasticConfig) -> None:
         w = self.last_window
@@ -377,9 +397,11 @@ def on_task_routing(table: routing.RoutingTable) -> list[str]:
     return list(table.moved)
 
 
-def child_counts(batches: list[pa.RecordBatch], split_groups) -> dict[str, dict[str, int]]:
-    """Points per res-7 child of every group in the batches (the controller splits by these)."""
-    out: dict[str, dict[str, int]] = {}
+def child_counts(batches: list[pa.RecordBatch], split_groups=None) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Points per (group, device bucket), and per group, attributed as the router routes: all of a
+    device's reports in the batch count for the group of its last report (arrival order, the same rule
+    as fencing.prepare). Returns (children, route_groups); the controller splits and moves by these."""
+    frames = []
     for b in batches:
         if not b.num_rows:
             continue
@@ -387,18 +409,22 @@ def child_counts(batches: list[pa.RecordBatch], split_groups) -> dict[str, dict[
         keep = kinds == 0
         if not keep.any():
             continue
-        cells = b.column("cell").to_numpy(zero_copy_only=False)[keep].astype(np.int64).view(np.uint64)
-        grp = np.asarray(b.column("grp").to_pylist(), dtype=object)[keep]
-        children = parent(cells, routing.SPLIT_RES)
-        uniq, code = np.unique(children, return_inverse=True)
-        names = cells_to_strs(uniq)
-        pairs, counts = np.unique(np.stack([code, np.unique(grp, return_inverse=True)[1]]), axis=1,
-                                  return_counts=True)
-        gnames = np.unique(grp)
-        for (c, g), k in zip(pairs.T.tolist(), counts.tolist()):
-            into = out.setdefault(str(gnames[g]), {})
-            into[names[c]] = into.get(names[c], 0) + int(k)
-    return out
+        sub = b.filter(pa.array(keep))
+        frames.append(pd.DataFrame({"farm": sub.column("farm_id").to_pylist(),
+                                    "dev": sub.column("device_id").to_pylist(),
+                                    "grp": sub.column("grp").to_pylist()}))
+    if not frames:
+        return {}, {}
+    frame = pd.concat(frames, ignore_index=True)
+    dkey = frame["farm"] + "/" + frame["dev"]
+    per = pd.DataFrame({"dkey": dkey, "grp": frame["grp"]}).groupby("dkey", sort=False)["grp"] \
+        .agg(["last", "size"])
+    per["bucket"] = routing.buckets_of(per.index)
+    children: dict[str, dict[str, int]] = {}
+    for (g, c), k in per.groupby(["last", "bucket"], sort=False)["size"].sum().items():
+        children.setdefault(str(g), {})[str(c)] = int(k)
+    route_groups = {str(g): int(k) for g, k in per.groupby("last", sort=False)["size"].sum().items()}
+    return children, route_groups
 
 
 def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: frozenset) -> tuple[pa.Table, int]:
@@ -480,7 +506,7 @@ def elastic_process(ctx, batches):
     from fencing.redis_conn import cluster
     on_task_routing(ctx.routing)
     batches = [b for b in batches if b.num_rows]
-    children = child_counts(batches, ctx.routing.splits)
+    children, route_groups = child_counts(batches, ctx.routing.splits)
     shed = 0
     if ctx.routing.shed and batches:
         table = pa.Table.from_batches(batches)
@@ -497,6 +523,7 @@ def elastic_process(ctx, batches):
             for i in stats_rows.tolist():
                 stats = orjson.loads(payload[i])
                 stats["children"] = children
+                stats["route_groups"] = route_groups
                 stats["shed"] = shed
                 payload[i] = orjson.dumps(stats).decode()
             out = pa.RecordBatch.from_arrays([out.column(0), pa.array(payload, pa.string())], schema=out.schema)

@@ -120,24 +120,67 @@ def observed_events(redis, farm_ids) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["device_id", "fence_id", "type", "ts"])
 
 
-def summarize(windows: list[dict], decisions: list[dict], trigger: float = 1.3) -> dict:
-    """steps_to_balance, max/mean before and after, from the controller's windows (oldest first)."""
+BAR = 1.3
+
+DEFINITIONS = {
+    "window": "the controller's analysis unit: consecutive micro-batches until >= min_points points "
+              "(one micro-batch of ~3-4k points in this scenario); max/mean = the most loaded partition's "
+              "points over the mean of the partitions' points in the window",
+    "max_over_mean_before": "max/mean of the window that triggered the first controller step",
+    "steps_to_balance": "controller steps executed, counting the first, before the first window whose "
+                        "max/mean <= 1.3 (the step number in force during that window); null if never",
+    "max_over_mean_after": "p90 of max/mean over ALL windows strictly after that first balanced window, to "
+                           "the end of the skewed stream, while the hot spot keeps moving (not the first "
+                           "good window); see also _median, _max and windows_after_over_bar",
+    "reconfig_stall_ms": "worst step: controller execute time (plan, slot migration, publish) plus the "
+                         "extra duration of the first micro-batch on the new routing over the median of the "
+                         "last 20 batches; on a shared machine this includes batch-to-batch noise "
+                         "(compare batch_seconds_median/p90)",
+    "cross_shard_calls_*": "Redis commands on group keys sent to a master other than the one aligned with "
+                           "the task's partition, same 20k-report load, controller paused, no splits",
+    "moves_reverted": "moves that put an item back on the partition it left in the previous step (flapping)",
+}
+
+
+def summarize(windows: list[dict], decisions: list[dict], trigger: float = BAR) -> dict:
+    """The scenario's balance figures from the controller's windows (oldest first); see DEFINITIONS."""
+    imb = [w["imbalance"] for w in windows]
     acted = [w for w in windows if w.get("action")]
+    out = {"steps_to_balance": None, "max_over_mean_before": max(imb, default=None),
+           "max_over_mean_after": None, "max_over_mean_after_median": None, "max_over_mean_after_max": None,
+           "windows_after": 0, "windows_after_over_bar": 0, "balanced_at_window": None}
     if not acted:
-        imb = [w["imbalance"] for w in windows]
-        return {"steps_to_balance": None, "max_over_mean_before": max(imb, default=None),
-                "max_over_mean_after": max(imb, default=None)}
+        return out
     first = acted[0]
-    before = first["imbalance"]
+    out["max_over_mean_before"] = first["imbalance"]
     later = [w for w in windows if w["end_batch"] > first["end_batch"]]
     balanced = next((w for w in later if w["imbalance"] <= trigger), None)
     if balanced is None:
-        return {"steps_to_balance": None, "max_over_mean_before": before,
-                "max_over_mean_after": later[-1]["imbalance"] if later else None}
-    steps = balanced["step"] - first["step"] + 1
-    return {"steps_to_balance": steps, "max_over_mean_before": before,
-            "max_over_mean_after": balanced["imbalance"],
-            "balanced_at_window": balanced["end_batch"]}
+        out["max_over_mean_after"] = later[-1]["imbalance"] if later else None
+        return out
+    # the step in force during the balanced window = steps taken up to the window before it
+    out["steps_to_balance"] = max(w["step"] for w in windows if w["end_batch"] < balanced["end_batch"]) \
+        - first["step"] + 1
+    out["balanced_at_window"] = balanced["end_batch"]
+    after = [w["imbalance"] for w in windows if w["end_batch"] > balanced["end_batch"]]
+    if after:
+        out["max_over_mean_after"] = round(float(np.percentile(after, 90)), 3)
+        out["max_over_mean_after_median"] = round(float(np.median(after)), 3)
+        out["max_over_mean_after_max"] = round(max(after), 3)
+        out["windows_after"] = len(after)
+        out["windows_after_over_bar"] = sum(x > trigger for x in after)
+    else:
+        out["max_over_mean_after"] = balanced["imbalance"]
+    return out
+
+
+def moves_reverted(decisions: list[dict]) -> int:
+    """Moves of step k+1 that send an item back where step k took it from (flapping)."""
+    reverted = 0
+    for prev, cur in zip(decisions, decisions[1:]):
+        left = {m["item"]: m["from"] for m in prev.get("moves") or []}
+        reverted += sum(1 for m in cur.get("moves") or [] if left.get(m["item"]) == m["to"])
+    return reverted
 
 
 def plot(windows: list[dict], decisions: list[dict], path: Path) -> None:
@@ -171,7 +214,7 @@ def plot(windows: list[dict], decisions: list[dict], path: Path) -> None:
 
 def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000.0,
              compare_points: int = 20_000, env_overrides: dict | None = None, private: bool = True,
-             timeout: float = 240.0) -> dict:
+             timeout: float = 240.0, planner: str = "pairwise") -> dict:
     """The scenario. private=True: start and stop a private embedded stack; False: use the stack
     described by the current environment (the test suite's)."""
     from deploy import stack
@@ -196,7 +239,7 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
             _say(f"starting a private stack in {settings.home}")
             stack.up(settings, detach=True)
         redis = cluster(*settings.redis_node)
-        redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": True, "planner": "pairwise"}))
+        redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": True, "planner": planner}))
         sim = simulate(sim_config(devices, steps))
         prefix = f"e{int(time.time()) % 100000}-"
         farm_ids, fences = setup_farms(redis, sim, prefix)
@@ -211,8 +254,16 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
         main_before, main_after = stream_and_wait(redis, settings.kafka_bootstrap, reports, rate, timeout)
         windows = [orjson.loads(r) for r in redis.lrange(elastic.HISTORY_KEY, 0, -1)][::-1]
         windows = [w for w in windows if main_before["batch_id"] < w["end_batch"] <= main_after["batch_id"]]
+        # decisions: the status holds the stall figures (filled in one beat later), the list holds them all
         ctl = orjson.loads(redis.get(elastic.STATUS_KEY) or b"{}")
-        decisions = [d for d in ctl.get("decisions", []) if "step" in d]
+        stall = {d["version"]: d.get("stall_ms") for d in ctl.get("decisions", []) if "step" in d}
+        stall.update({int(v): float(ms) for v, ms in (redis.hgetall(elastic.STALLS_KEY) or {}).items()})
+        decisions = [orjson.loads(r) for r in redis.lrange(elastic.DECISIONS_KEY, 0, -1)][::-1]
+        for d in decisions:
+            if stall.get(d.get("version")) is not None:
+                d["stall_ms"] = stall[d["version"]]
+        decisions = [d for d in decisions if "step" in d
+                     and main_before["batch_id"] < d.get("batch_id", main_before["batch_id"] + 1)]
 
         # aligned vs unaligned on the same load, controller paused
         redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": False}))
@@ -240,12 +291,19 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
         restarts = (job_rec.restarts if job_rec else 0) - restarts0
         summary = summarize(windows, decisions)
         stalls = [d.get("stall_ms") if d.get("stall_ms") is not None else d.get("execute_ms") for d in decisions]
+        # context for the stall: how much micro-batch durations vary anyway on this machine
+        durations = [b.get("duration_s", 0.0) for b in beats_since(redis, main_before["batch_id"])
+                     if b["batch_id"] <= main_after["batch_id"] and b.get("points")]
         result = {
             "partitions": routing.load(redis).partitions,
             "steps_to_balance": summary["steps_to_balance"],
             "max_over_mean_before": summary["max_over_mean_before"],
             "max_over_mean_after": summary["max_over_mean_after"],
             "reconfig_stall_ms": max(stalls) if stalls else 0.0,
+            "reconfig_stall_ms_median": float(np.median(stalls)) if stalls else 0.0,
+            "execute_ms_max": max((d.get("execute_ms", 0.0) for d in decisions), default=0.0),
+            "batch_seconds_median": round(float(np.median(durations)), 3) if durations else None,
+            "batch_seconds_p90": round(float(np.percentile(durations, 90)), 3) if durations else None,
             "cross_shard_calls_aligned": calls["aligned"]["cross"],
             "cross_shard_calls_unaligned": calls["unaligned"]["cross"],
             "query_restarts": restarts,
@@ -253,12 +311,22 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
             "duplicated": rec["duplicated"],
             # context
             "events": rec["events"], "unexpected": rec["unexpected"], "points": int(len(reports)),
-            "controller_steps": len(decisions), "planner": "pairwise",
+            "max_over_mean_after_median": summary["max_over_mean_after_median"],
+            "max_over_mean_after_max": summary["max_over_mean_after_max"],
+            "windows_after": summary["windows_after"],
+            "windows_after_over_bar": summary["windows_after_over_bar"],
+            "controller_steps": len(decisions), "planner": planner,
+            "moves_total": sum(d.get("n_moves", 0) for d in decisions),
+            "moves_reverted": moves_reverted(decisions),
+            "slots_migrated": sum(len(d.get("slots", [])) for d in decisions),
             "redis_calls": calls, "shed_total": main_after.get("shed_total", 0),
-            "imbalance_timeline": [w["imbalance"] for w in windows],
-            "decisions": [{k: d.get(k) for k in ("step", "version", "why", "predicted", "n_moves", "split",
-                                                 "execute_ms", "stall_ms")} | {"slots": len(d.get("slots", []))}
-                          for d in decisions],
+            "max_over_mean_timeline": [w["imbalance"] for w in windows],
+            "step_timeline": [w["step"] for w in windows],
+            "window_points": [w["points"] for w in windows],
+            "definitions": DEFINITIONS,
+            "decisions": [{k: d.get(k) for k in ("step", "version", "why", "imbalance", "predicted", "n_moves",
+                                                 "split", "merged", "execute_ms", "stall_ms")}
+                          | {"slots": len(d.get("slots", []))} for d in decisions],
             "seconds": round(time.time() - started, 1),
         }
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -279,11 +347,12 @@ def main(argv: list[str]) -> int:
     sk.add_argument("--devices", type=int, default=1000)
     sk.add_argument("--steps", type=int, default=80)
     sk.add_argument("--rate", type=float, default=3000.0)
+    sk.add_argument("--planner", choices=("pairwise", "binpack"), default="pairwise")
     st = sub.add_parser("status", help="routing version, per-partition load, last decisions")
     st.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     if args.cmd == "skew":
-        result = run_skew(args.json, args.devices, args.steps, args.rate)
+        result = run_skew(args.json, args.devices, args.steps, args.rate, planner=args.planner)
         print(json.dumps({k: result[k] for k in list(result)[:10]}))
         return 0
     from deploy.settings import load_settings

@@ -61,8 +61,8 @@ def fence_uid(farm_id: str, fence_id: str) -> str:
     return f"{farm_id}/{fence_id}"
 
 
-def validate_feature(feature) -> ValidFence:
-    """GeoJSON Feature → validated fence with its H3 cover; FenceError names what is wrong."""
+def feature_rules(feature) -> FenceRules:
+    """The Feature's envelope and properties (name, event rules), before its geometry is looked at."""
     if not isinstance(feature, dict):
         raise FenceError("body must be a GeoJSON Feature object")
     if feature.get("type") != "Feature":
@@ -73,7 +73,13 @@ def validate_feature(feature) -> ValidFence:
     name = props.get("name")
     if not isinstance(name, str) or not name.strip() or len(name) > 200:
         raise FenceError("properties.name must be a non-empty string of at most 200 characters")
-    rules = FenceRules.from_properties(props)
+    return FenceRules.from_properties(props)
+
+
+def validate_feature(feature) -> ValidFence:
+    """GeoJSON Feature → validated fence with its H3 cover; FenceError names what is wrong."""
+    rules = feature_rules(feature)
+    props = feature["properties"]
     geom = parse_fence_geometry(feature.get("geometry"))
     fence_cover = cover(geom)
     fence = ValidFence(
@@ -172,15 +178,7 @@ def validate_features_bulk(features: list) -> list:
     parsed: list[tuple[int, dict, shapely.Geometry, FenceRules]] = []
     for i, feature in enumerate(features):
         try:
-            if not isinstance(feature, dict) or feature.get("type") != "Feature":
-                raise FenceError('body must be a GeoJSON Feature object with type "Feature"')
-            props = feature.get("properties")
-            if not isinstance(props, dict):
-                raise FenceError("properties must be an object with a name")
-            name = props.get("name")
-            if not isinstance(name, str) or not name.strip() or len(name) > 200:
-                raise FenceError("properties.name must be a non-empty string of at most 200 characters")
-            rules = FenceRules.from_properties(props)
+            rules = feature_rules(feature)
             parsed.append((i, feature, None, rules))
         except FenceError as err:
             out[i] = err

@@ -17,7 +17,7 @@ from deploy.settings import TOPIC_REPORTS
 from fencing import keys
 from fencing.h3util import cells_for_points, cells_to_strs, parent
 from fencing.redis_conn import cluster
-from fencing.routing import SPLIT_RES, RoutingTable
+from fencing.routing import RoutingTable, buckets_of
 from ingest.validate import DeadLetter, parse_kafka_values
 
 KIND_REPORT, KIND_DEAD, KIND_PING = 0, 1, 2
@@ -104,18 +104,11 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: np.ndarray) -> pa
     frame = pd.DataFrame({"dkey": device_key, "g": group_code})
     salts = np.asarray(ctx.salts, dtype=np.int64)
     if ctx.routing.splits and any(g in ctx.routing.splits for g in group_names):
-        # a split (hot) group is routed by the res-7 child of the device's last report; its fence and
-        # state keys stay at group level, so any partition can serve any child of it
-        unique_children, child_code = np.unique(parent(cells, SPLIT_RES), return_inverse=True)
-        child_names = np.array(cells_to_strs(unique_children), dtype=object)
-        frame["child"] = child_code
-        last = frame.groupby("dkey", sort=False)[["g", "child"]].last()
-        memo: dict[tuple[int, int], int] = {}
-        parts = []
-        for g, c in zip(last["g"].tolist(), last["child"].tolist()):
-            if (g, c) not in memo:
-                memo[(g, c)] = ctx.routing.partition_of_child(group_names[g], child_names[c])
-            parts.append(memo[(g, c)])
+        # a split (hot) group is routed by the device's bucket (fencing.routing.bucket_of); its fence and
+        # state keys stay at group level, so any partition can serve any bucket of it
+        last = frame.groupby("dkey", sort=False)["g"].last()
+        parts = [ctx.routing.partition_of_child(group_names[g], b)
+                 for g, b in zip(last.tolist(), buckets_of(last.index))]
         route = salts[frame["dkey"].map(pd.Series(parts, index=last.index)).to_numpy(np.int64)]
     else:
         latest = frame.groupby("dkey", sort=False)["g"].last()

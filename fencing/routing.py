@@ -17,8 +17,14 @@ from redis.crc import key_slot
 from fencing import keys
 
 DEFAULT_PARTITIONS = 6
-SPLIT_RES = 7        # a split group is routed by the res-7 children of its points
-SPREAD_UNLISTED = True
+SPLIT_RES = 7        # res-7 children: load diagnostics only (see split buckets below)
+# A split (hot) group is routed by device bucket: crc32(farm/device) % SPLIT_BUCKETS. Buckets, not the
+# group's H3 children, because herds are tight blobs that cross child boundaries as they walk: with res-7
+# children one child can hold a whole gathered herd (max/mean stuck at 1.7-2.0), with res-8 children a
+# herd crossing a boundary swings a partition by +-30% between two windows. A device's bucket never
+# changes, so a bucket's load follows the devices, not the ground. Fence and state keys stay at group
+# level (one slot per group), so any partition can serve any bucket.
+SPLIT_BUCKETS = 36
 
 
 @dataclass(frozen=True)
@@ -29,24 +35,24 @@ class RoutingTable:
     nodes: tuple[str, ...]                     # master addresses, sorted; index = node index
     routes: dict[str, int] = field(default_factory=dict)   # explicit group → partition
     aligned: bool = True
-    # hot groups split by their res-7 children: group → {child hex: partition}; a child not listed goes
-    # where the group goes. Fence and state keys stay at group level (one slot per group).
+    # hot groups split by device bucket: group → {bucket ("#k"): partition}; a bucket not listed is spread
+    # by its hash. Fence and state keys stay at group level (one slot per group).
     splits: dict[str, dict[str, int]] = field(default_factory=dict)
     # groups whose partition changed in this version: the tasks drop exactly these from their caches
     moved: tuple[str, ...] = ()
     shed: bool = False                         # load shedding on (set by the elastic controller)
 
     def partition_of_child(self, group: str, child: str | None) -> int:
-        """Partition of a report in `group` whose res-SPLIT_RES cell is `child`."""
+        """Partition of a device whose batch ends in `group` and whose split bucket is `child`
+        (`bucket_of(device key)`)."""
         split = self.splits.get(group)
         if split is not None and child is not None:
             explicit = split.get(child)
             if explicit is not None:
                 return explicit
-            if SPREAD_UNLISTED:
-                # a child the controller has not placed yet (the herd walked into it since the last plan):
-                # spread, so that new children of a hot group do not all pile onto the group's partition
-                return zlib.crc32(child.encode()) % self.partitions
+            # a bucket the controller has not placed (no load when it planned): spread by its hash, so
+            # unplaced buckets of a hot group do not all pile onto the group's partition
+            return zlib.crc32(child.encode()) % self.partitions
         return self.partition_of(group)
 
     def partition_of(self, group: str) -> int:
@@ -79,6 +85,15 @@ class RoutingTable:
         fields.update(changes)
         fields["moved"] = tuple(fields["moved"])
         return RoutingTable(**fields)
+
+
+def bucket_of(device_key: str) -> str:
+    """The split bucket of a device ("farm_id/device_id"): fixed for the device's lifetime."""
+    return f"#{zlib.crc32(device_key.encode()) % SPLIT_BUCKETS}"
+
+
+def buckets_of(device_keys) -> list[str]:
+    return [f"#{zlib.crc32(d.encode()) % SPLIT_BUCKETS}" for d in device_keys]
 
 
 def group_slot(group: str) -> int:

@@ -18,9 +18,9 @@ def push_plot(path: str | Path, beats: list[dict], t0: float, base: int, latenci
     """Left: points/s per heartbeat interval (and the producer's rate); right: event latency CDF."""
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
-    if len(beats) >= 2:
-        t = np.array([b["time"] for b in beats]) - t0
-        pts = np.array([b["points_total"] for b in beats], dtype=float) - base
+    if len(beats) >= 1:
+        t = np.r_[0.0, np.array([b["time"] for b in beats]) - t0]
+        pts = np.r_[0.0, np.array([b["points_total"] for b in beats], dtype=float) - base]
         rate = np.diff(pts) / np.maximum(np.diff(t), 1e-3)
         ax1.step(t[1:], rate / 1e3, where="pre", label="processed by the job (heartbeats)")
         ax1b = ax1.twinx()

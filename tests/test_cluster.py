@@ -6,7 +6,8 @@ stack (own HERDFENCE_HOME and ports), started through the real CLI and stopped a
 * status --json shows spark_master and spark_worker_1/2;
 * the executors import herdfence from the shipped artefact (HERDFENCE_HOME/dist/*.zip), not from the
   source tree;
-* `up --detach --spark-workers 3` adds a worker to the running stack and the job runs tasks on it.
+* `up --detach --spark-workers 3` adds a worker to the running stack and the job runs tasks on it;
+  an executor killed through deploy/scale.py is not replaced.
 """
 from __future__ import annotations
 
@@ -119,11 +120,117 @@ def test_add_a_worker_and_the_job_uses_it(stack):
         farm.report(f"cow-s{i}", (8.505, 47.005), (8.506, 47.006))
 
     def used() -> bool:
-        if _tasks_run(newest) > 0:
+        # a task ran there, and the executor fetched the artefact (it does so for its first task)
+        if _tasks_run(newest) > 0 and list(newest.glob("herdfence-*.zip")):
             return True
         farm.report("cow-s0", (8.505, 47.005))     # keep micro-batches coming
         return False
     wait_for(used, timeout=60, interval=1.0, what=f"tasks on the new executor {newest}")
-    assert list(newest.glob("herdfence-*.zip"))
     execs = json.loads(stack.redis.get("job:executors"))
     assert len(execs["executor_ids"]) == 3 and execs["last_request"]["add"] == 1
+
+    # the controller's other direction (deploy/scale.py through the job's RequestWatcher): give it back
+    from deploy.scale import post_request
+    post_request(stack.redis, kill=[newest.name])
+    wait_for(lambda: (lambda e: e["executor_ids"] == sorted(set(dirs) - {newest.name}, key=int)
+                      and e["last_request"].get("result", {}).get("killed") == [newest.name])(
+        json.loads(stack.redis.get("job:executors"))), timeout=30, what="the executor killed")
+    wait_for(lambda: _master_json()["coresused"] == 2, timeout=30, what="2 cores in use, not replaced")
+
+
+# --- configuration validated at start (no stack needed: `up` must refuse before starting anything) ----
+def _up_fails(tmp_path, **env_vars) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
+    env.update(CLUSTER_PORTS, HERDFENCE_HOME=str(tmp_path / "home"), **env_vars)
+    done = subprocess.run([HERDFENCE, "up", "--detach"], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert not list((tmp_path / "home" / "run").glob("*.pid")), "something was started"
+    return done.stderr
+
+
+def test_malformed_spark_master_is_refused(tmp_path):
+    err = _up_fails(tmp_path, HERDFENCE_SPARK_MASTER="spark:/127.0.0.1")
+    assert "HERDFENCE_SPARK_MASTER='spark:/127.0.0.1' is malformed" in err
+    err = _up_fails(tmp_path, HERDFENCE_SPARK_MASTER="spark://127.0.0.1:1")
+    assert "no Spark master answers" in err
+
+
+def test_unreachable_kafka_is_refused(tmp_path):
+    err = _up_fails(tmp_path, HERDFENCE_KAFKA="127.0.0.1:1")
+    assert "HERDFENCE_KAFKA=127.0.0.1:1: no Kafka broker answers" in err
+    assert "malformed" in _up_fails(tmp_path, HERDFENCE_KAFKA="kafka-without-port")
+
+
+def test_redis_not_a_cluster_or_unreachable_is_refused(tmp_path):
+    assert "Redis is unreachable" in _up_fails(tmp_path, HERDFENCE_REDIS="127.0.0.1:1")
+    port = 23199          # a plain (non-cluster) redis-server of our own
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        from deploy.procs import port_open
+        wait_for(lambda: port_open(port), timeout=10, what="the plain redis-server")
+        err = _up_fails(tmp_path, HERDFENCE_REDIS=f"127.0.0.1:{port}")
+        assert f"HERDFENCE_REDIS=127.0.0.1:{port} is a Redis server without cluster mode" in err
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.parametrize("masters", [1, 5])
+def test_redis_cluster_of_any_size_passes_validation(tmp_path, masters):
+    """The embedded cluster can have any number of masters (HERDFENCE_EMBEDDED_REDIS_MASTERS); the
+    start-up check reads its slot map (CLUSTER SLOTS) whatever the size."""
+    from deploy import redis_cluster, validate
+    from deploy.settings import load_settings
+    settings = load_settings({"HERDFENCE_HOME": str(tmp_path), "HERDFENCE_EMBEDDED_REDIS_PORT": "23201",
+                              "HERDFENCE_EMBEDDED_REDIS_MASTERS": str(masters)})
+    try:
+        redis_cluster.up(settings)
+        found = validate.check_redis_cluster("127.0.0.1:23201")
+        assert len(found["masters"]) == masters and found["slots_covered"] == 16384
+        from fencing import routing
+        table = routing.load(redis_cluster.connect(settings))
+        assert len(table.nodes) == masters
+    finally:
+        redis_cluster.down(settings)
+
+
+@pytest.mark.parametrize("url,ok", [("local[*]", True), ("local[2]", True), ("local", True),
+                                    ("spark://10.0.0.5:7077", True), ("spark://a:7077,b:7077", True),
+                                    ("k8s://https://kubernetes.default.svc:443", True), ("yarn", True),
+                                    ("spark://host", False), ("spark:/h:7077", False), ("local[0]", False),
+                                    ("mesos://h:5050", False), ("k8s://", False), ("", False)])
+def test_spark_master_syntax(url, ok):
+    from deploy.procs import DeployError
+    from deploy.validate import check_spark_master
+    if ok:
+        check_spark_master(url)
+    else:
+        with pytest.raises(DeployError, match="malformed"):
+            check_spark_master(url)
+
+
+def test_cluster_conf_dynamic_allocation():
+    from fencing.spark_session import cluster_conf
+    conf = cluster_conf({"HERDFENCE_MIN_EXECUTORS": "2", "HERDFENCE_MAX_EXECUTORS": "12",
+                         "HERDFENCE_INITIAL_EXECUTORS": "3"})
+    assert conf["spark.dynamicAllocation.enabled"] == "true"
+    assert conf["spark.dynamicAllocation.shuffleTracking.enabled"] == "true"
+    assert (conf["spark.dynamicAllocation.minExecutors"], conf["spark.dynamicAllocation.initialExecutors"],
+            conf["spark.dynamicAllocation.maxExecutors"]) == ("2", "3", "12")
+    off = cluster_conf({"HERDFENCE_DYNAMIC_ALLOCATION": "0", "HERDFENCE_DRIVER_PORT": "7079"})
+    assert "spark.dynamicAllocation.enabled" not in off and off["spark.driver.port"] == "7079"
+    assert off["spark.executor.cores"] == "1"
+
+
+def test_executor_artefact_is_content_addressed(tmp_path):
+    import zipfile
+    from deploy import artifact
+    a = artifact.build_into(tmp_path)
+    assert artifact.build_into(tmp_path) == a                      # unchanged sources: reused
+    names = zipfile.ZipFile(a).namelist()
+    for pkg in artifact.PACKAGES:
+        assert f"{pkg}/__init__.py" in names
+    assert "fencing/job.py" in names and not [n for n in names if "node_modules" in n or n.endswith(".pyc")]

@@ -343,7 +343,7 @@ def test_compose_herdfence_variables_point_at_services(compose):
         if "HERDFENCE_REDIS" in env:
             host, port = validate._hostport("HERDFENCE_REDIS", env["HERDFENCE_REDIS"])
             assert host in services and port in _exposed(services[host]), name
-            assert "cluster-enabled" in services[host]["command"]
+            assert "--cluster-enabled" in services[host]["command"]
             checked += 1
         if "HERDFENCE_SPARK_MASTER" in env:
             url = env["HERDFENCE_SPARK_MASTER"]
@@ -368,7 +368,7 @@ def test_compose_herdfence_variables_point_at_services(compose):
 
 def test_compose_redis_cluster_init_covers_every_node(compose):
     services = compose["services"]
-    nodes = [n for n, s in services.items() if "cluster-enabled" in s.get("command", [])]
+    nodes = [n for n, s in services.items() if "--cluster-enabled" in s.get("command", [])]
     script = " ".join(services["redis-init"]["command"])
     assert len(nodes) >= 3
     for n in nodes:

@@ -31,21 +31,23 @@ def test_pairwise_and_binpack_balance_groups():
         assert {m["from"] for m in result.moves} == {0}
 
 
-def test_hot_group_is_split_by_children_and_merged_back():
+def test_hot_group_is_split_by_device_buckets_and_merged_back():
     table = _table()
-    children = {f"c{i}": 50.0 for i in range(12)}
+    children = {f"#{i}": 50.0 for i in range(12)}
     groups = {"hot": 600.0, **{f"g{i}": 20.0 for i in range(5)}}
     result = plan(table, groups, {"hot": children}, ElasticConfig())
     assert result.split == ["hot"]
     assert _imbalance(result.predicted) <= 1.3
     parts = set(result.splits["hot"].values())
     assert len(parts) >= 5                   # the children spread over the partitions
-    # routing by child: prepare uses partition_of_child
+    # routing by bucket: prepare uses partition_of_child(group, bucket_of(device key))
     split_table = table.evolve(splits=result.splits, routes=result.routes)
-    assert split_table.partition_of_child("hot", "c0") == result.splits["hot"]["c0"]
+    assert split_table.partition_of_child("hot", "#0") == result.splits["hot"]["#0"]
+    assert routing.bucket_of("farm/cow-1") == routing.bucket_of("farm/cow-1")
+    assert len({routing.bucket_of(f"f/d{i}") for i in range(2000)}) == routing.SPLIT_BUCKETS
     # cold again: merged back, no flapping while balanced
     cold = plan(split_table, {"hot": 10.0, **{f"g{i}": 100.0 for i in range(5)}},
-                {"hot": {"c0": 10.0}}, ElasticConfig())
+                {"hot": {"#0": 10.0}}, ElasticConfig())
     assert cold.merged == ["hot"] and "hot" not in cold.splits
 
 
@@ -95,3 +97,41 @@ def test_small_skew_through_the_real_job(stack, tmp_path):
     assert result["controller_steps"] >= 1
     assert result["cross_shard_calls_aligned"] <= result["cross_shard_calls_unaligned"] / 2
     assert (tmp_path / "skew.png").exists()
+
+
+def test_shedding_never_drops_a_report_that_could_produce_an_event(stack):
+    """Shedding forced on (routing.shed + elastic config "shed": "on") through the real job: reports are
+    shed, and every event the simulated tracks produce is still there exactly once (a shed report that
+    could have produced an event would show up as lost)."""
+    import pandas as pd
+
+    from fencing.elastic_cli import observed_events, register, setup_farms, stream_and_wait
+    from loadgen.herd import SimConfig, simulate
+    from loadgen.truth import expected_events, reconcile
+    redis = stack.redis
+    sim = simulate(SimConfig(seed=11, farms=2, fences_per_farm=4, devices=200, steps=30, silent_fraction=0.0))
+    prefix = "shed-"
+    farm_ids, fences = setup_farms(redis, sim, prefix)
+    reports = sim.reports.copy()
+    reports["device_id"] = prefix + reports["device_id"].astype(str)
+    device_farm = {prefix + d: farm_ids[f] for d, f in sim.device_farm.items()}
+    register(redis, device_farm)
+    first = reports["ts"] < reports["ts"].min() + 3 * 30_000          # ~3 reports per device: states exist
+    try:
+        redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": False, "shed": "on"}))
+        table = routing.load(redis)
+        routing.publish(redis, table.evolve(routes={}, splits={}, shed=True))
+        stream_and_wait(redis, stack.kafka_bootstrap, reports[first], None, 60)
+        # the rest at once: a batch holds many reports per device, most deep inside or outside every fence
+        before, after = stream_and_wait(redis, stack.kafka_bootstrap, reports[~first], None, 60)
+        assert routing.load(redis).shed
+    finally:
+        redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": True}))
+        table = routing.load(redis)
+        routing.publish(redis, table.evolve(routes={}, splits={}, shed=False))
+    shed = after["shed_total"] - before["shed_total"]
+    assert shed > 0.1 * (~first).sum(), shed                          # shedding really happened
+    expected = expected_events(pd.concat([reports], ignore_index=True), fences, device_farm)
+    rec = reconcile(expected, observed_events(redis, farm_ids.values()))
+    assert rec["events"] > 0
+    assert rec["lost"] == 0 and rec["duplicated"] == 0 and rec["unexpected"] == 0, rec
