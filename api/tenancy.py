@@ -22,6 +22,7 @@ def create_farm(redis, name: str) -> tuple[str, str]:
     digest = hash_secret(api_key)
     redis.hset(keys.farm(farm_id), mapping={"name": name, "key_hash": digest, "created": int(time.time() * 1000)})
     redis.set(keys.apikey(digest), farm_id)
+    redis.sadd(keys.FARMS, farm_id)
     return farm_id, api_key
 
 

@@ -24,10 +24,11 @@ def write_batch(root: str, batch_id: int, partition: int, table: pa.Table) -> in
     if not root or table.num_rows == 0:
         return 0
     table = table.select(HISTORY_SCHEMA.names).cast(HISTORY_SCHEMA)
-    days = np.array([_day(int(t)) for t in _day_starts(table.column("ts").to_numpy())], dtype=object)
+    day_index = table.column("ts").to_numpy() // 86_400_000
     written = 0
-    for day in sorted(set(days)):
-        part = table.filter(pa.array(days == day))
+    for index in np.unique(day_index):
+        day = _day(int(index) * 86_400_000)
+        part = table.filter(pa.array(day_index == index))
         folder = Path(root) / f"day={day}"
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / f"batch-{batch_id:010d}-part-{partition:04d}.parquet"
@@ -36,10 +37,6 @@ def write_batch(root: str, batch_id: int, partition: int, table: pa.Table) -> in
         os.replace(scratch, target)         # atomic: readers never see half a file
         written += 1
     return written
-
-
-def _day_starts(ts_ms: np.ndarray) -> np.ndarray:
-    return (ts_ms // 86_400_000) * 86_400_000
 
 
 def read(root: str, farm_id: str, *, device_id: str | None = None, device_ids: list[str] | None = None,

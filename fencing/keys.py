@@ -40,6 +40,7 @@ def device_location(device_key: str) -> str:
 
 
 # --- global keys ---------------------------------------------------------------------------------
+FARMS = "farms"                      # set of farm ids
 DEVICE_REGISTRY = "devreg"          # hash device_id -> farm_id ("," joined when several farms use it)
 ROUTING = "routing"                  # string JSON routing table {"version", "routes": {group: partition}}
 JOB_HEARTBEAT = "job:heartbeat"      # hash: last batch id, time, batch stats (JSON)
@@ -79,6 +80,12 @@ def farm_devices(farm_id: str) -> str:
 def positions(farm_id: str) -> str:
     """hash device_id -> JSON latest position {"lat","lon","ts","battery","fences","cell","herd"}."""
     return f"pos:{{{farm_id}}}"
+
+
+def last_seen(farm_id: str) -> str:
+    """sorted set device_id scored by its latest report time (ms): the silent scanner's index.
+    Devices it has flagged are removed until they report again."""
+    return f"lastseen:{{{farm_id}}}"
 
 
 def position_cell(farm_id: str, cell: str) -> str:

@@ -230,6 +230,8 @@ def _write_all(redis, batch_id: int, devices: DeviceBatch, states: list[DeviceSt
     removed_by_old: dict[str, list[str]] = {}
     locations: dict[str, dict[str, str]] = {}
     positions: dict[str, dict[str, bytes]] = {}
+    seen: dict[str, dict[str, int]] = {}     # silence is judged by when reports arrive, not their ts
+    received_ms = int(time.time() * 1000)
     cell_adds: dict[tuple[str, str], list[str]] = {}
     cell_removes: dict[tuple[str, str], list[str]] = {}
     has_position = latest.row >= 0
@@ -247,6 +249,7 @@ def _write_all(redis, batch_id: int, devices: DeviceBatch, states: list[DeviceSt
             previous_cell = (old or {}).get("c")
             state.cell = cell
             battery = latest.battery[d]
+            seen.setdefault(farm_id, {})[device_id] = received_ms
             positions.setdefault(farm_id, {})[device_id] = orjson.dumps({
                 "lat": devices.frame_lat[row], "lon": devices.frame_lon[row], "ts": devices.frame_ts[row],
                 "battery": None if battery is None or battery != battery else float(battery),
@@ -272,6 +275,7 @@ def _write_all(redis, batch_id: int, devices: DeviceBatch, states: list[DeviceSt
         pipe.hset(bucket, mapping=mapping)
     for farm_id, mapping in positions.items():
         pipe.hset(keys.positions(farm_id), mapping=mapping)
+        pipe.zadd(keys.last_seen(farm_id), seen[farm_id])
     for (farm_id, cell), members in cell_removes.items():
         pipe.srem(keys.position_cell(farm_id, cell), *members)
     for (farm_id, cell), members in cell_adds.items():

@@ -1,5 +1,5 @@
-"""SILENT events: a device that has not reported for `silent_after` (wall clock) gets one `silent`
-event per silence — its id hashes the last report's time, so a periodic scan never repeats it and a
+"""SILENT events: a device from which no report has arrived for `silent_after` (wall clock, so replayed
+or simulated report times do not matter) gets one `silent` event per silence — its id hashes the last report's time, so a periodic scan never repeats it and a
 device that reports again and falls silent again gets a new one. Runs on a timer in the job driver,
 because silence is exactly when no micro-batch runs."""
 from __future__ import annotations
@@ -19,25 +19,33 @@ SILENT_AFTER_S = float(os.environ.get("HERDFENCE_SILENT_SECONDS", "3600"))
 SCAN_EVERY_S = float(os.environ.get("HERDFENCE_SILENT_SCAN_SECONDS", "30"))
 
 
-def farms(redis) -> list[str]:
-    found = set()
-    for key in redis.scan_iter(match="farm:{*}", count=1000):
-        found.add(key[len("farm:{"):-1])
-    return sorted(found)
-
-
 def silent_events(redis, now_ms: int, silent_after_ms: int) -> list[dict]:
+    """One `silent` event per device whose latest report is older than the cutoff; the device leaves
+    the last-seen index (only if it has not reported meanwhile) until its next report puts it back."""
+    cutoff = now_ms - silent_after_ms
     out = []
-    for farm_id in farms(redis):
-        for device_id, raw in redis.hscan_iter(keys.positions(farm_id), count=1000):
+    for farm_id in sorted(redis.smembers(keys.FARMS)):
+        index = keys.last_seen(farm_id)
+        quiet = redis.zrangebyscore(index, "-inf", cutoff, start=0, num=10_000, withscores=True)
+        if not quiet:
+            continue
+        devices = [d for d, _ in quiet]
+        last_arrival = dict(quiet)
+        for device_id, raw in zip(devices, redis.hmget(keys.positions(farm_id), devices)):
+            if raw is None:
+                continue
             pos = orjson.loads(raw)
-            if now_ms - pos["ts"] >= silent_after_ms:
-                fences = pos.get("fences") or []
-                out.append({"event_id": event_id(f"{farm_id}/", device_id, "silent", pos["ts"]),
-                            "type": "silent", "farm_id": farm_id, "device_id": device_id,
-                            "fence_id": fences[0] if len(fences) == 1 else None,
-                            "ts": pos["ts"] + silent_after_ms, "lat": pos["lat"], "lon": pos["lon"]})
+            fences = pos.get("fences") or []
+            out.append({"event_id": event_id(f"{farm_id}/", device_id, "silent", pos["ts"]),
+                        "type": "silent", "farm_id": farm_id, "device_id": device_id,
+                        "fence_id": fences[0] if len(fences) == 1 else None,
+                        "ts": int(last_arrival[device_id]) + silent_after_ms, "lat": pos["lat"], "lon": pos["lon"]})
     return out
+
+
+def forget(redis, events: list[dict], cutoff: int) -> None:
+    for farm_id in {e["farm_id"] for e in events}:
+        redis.zremrangebyscore(keys.last_seen(farm_id), "-inf", cutoff)
 
 
 class SilentScanner(threading.Thread):
@@ -50,8 +58,10 @@ class SilentScanner(threading.Thread):
     def run(self) -> None:
         while not self.stopped.wait(self.every_s):
             try:
-                found = silent_events(self.redis, int(time.time() * 1000), self.silent_after_ms)
+                now = int(time.time() * 1000)
+                found = silent_events(self.redis, now, self.silent_after_ms)
                 if found:
-                    self.sinks.write_once(found)
+                    self.sinks.write_once(found)      # written (idempotently) before the index forgets
+                    forget(self.redis, found, now - self.silent_after_ms)
             except Exception:   # a Redis failover must not kill the scanner
                 log.exception("silent scan failed; retrying at the next tick")

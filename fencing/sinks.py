@@ -11,14 +11,20 @@ from fencing import keys
 RETENTION_MS = 8 * 24 * 3600 * 1000      # events are kept at least 7 days
 STREAM_MAXLEN = 100_000
 
-# One farm's event: written only if its id is new, so a replayed batch adds nothing twice.
-_ADD_EVENT = """
-if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'event', ARGV[2])
-  return 1
+# A farm's events, each written only if its id is new, so a replayed batch adds nothing twice. One call
+# per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event.
+_ADD_EVENTS = """
+local flags = {}
+for i = 2, #ARGV, 3 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[1], '*', 'event', ARGV[i + 1])
+    flags[#flags + 1] = 1
+  else
+    flags[#flags + 1] = 0
+  end
 end
-return 0
+return flags
 """
 
 
@@ -30,7 +36,7 @@ def public_event(event: dict) -> dict:
 class Sinks:
     def __init__(self, redis, producer):
         self.redis, self.producer = redis, producer
-        self.add_event = redis.register_script(_ADD_EVENT)
+        self.add_events = redis.register_script(_ADD_EVENTS)
 
     def write(self, batch_id: int, events: list[dict], dead_letters: list[str], pings: list[str]) -> int:
         """Returns how many events were new to Redis."""
@@ -50,12 +56,20 @@ class Sinks:
 
     def _add_to_redis(self, events: list[dict]) -> list[dict]:
         """Each event into its farm's log unless its id is there already; returns the new ones."""
-        new = []
+        by_farm: dict[str, list[dict]] = {}
         for event in events:
-            farm_id, body = event["farm_id"], public_event(event)
-            if self.add_event(keys=[keys.event_data(farm_id), keys.events(farm_id), keys.event_stream(farm_id)],
-                              args=[event["event_id"], orjson.dumps(body), event["ts"], STREAM_MAXLEN]):
-                new.append(event)
+            by_farm.setdefault(event["farm_id"], []).append(event)
+        new = []
+        for farm_id, farm_events in by_farm.items():
+            for start in range(0, len(farm_events), 2000):     # bounded script calls
+                chunk = farm_events[start:start + 2000]
+                args: list = [STREAM_MAXLEN]
+                for event in chunk:
+                    args += [event["event_id"], orjson.dumps(public_event(event)), event["ts"]]
+                flags = self.add_events(keys=[keys.event_data(farm_id), keys.events(farm_id),
+                                              keys.event_stream(farm_id)], args=args)
+                new += [e for e, flag in zip(chunk, flags) if flag]
+        new.sort(key=lambda e: (e["ts"], e["event_id"]))
         return new
 
     def write_once(self, events: list[dict]) -> int:
