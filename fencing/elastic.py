@@ -59,7 +59,7 @@ class ElasticConfig:
     cooldown: int = 0                # windows to wait after an action (0: the next window may act)
     split_share: float = 0.9         # split a group whose load exceeds this fraction of the fair share
     merge_share: float = 0.25        # merge a split group back when it falls under this fraction
-    max_moves: int = 64              # moves per step (bucket moves are cheap: no slot migration)
+    max_moves: int = 128             # moves per step (bucket moves are cheap: no slot migration)
     shed: str = "auto"               # "auto": by lag; "on"/"off": forced (tests, operators)
     shed_lag: int = 200_000          # shed when the source lag (records) exceeds this
     unshed_lag: int = 50_000         # stop shedding under this
@@ -427,7 +427,8 @@ def child_counts(batches: list[pa.RecordBatch], split_groups=None) -> tuple[dict
     return children, route_groups
 
 
-def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: frozenset) -> tuple[pa.Table, int]:
+def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: frozenset,
+                 batch_id: int | None = None) -> tuple[pa.Table, int]:
     """Drop the reports that cannot change any fence state (Borealis-style semantic shedding).
 
     A device's report is shed only if ALL of these hold, for it and every earlier report of the device
@@ -436,7 +437,9 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
     the fences whose interior holds the cell, outside all others); that membership (the device's farm's
     fences) equals the confirmed inside set. Such a report resets no streak and flips nothing, so its
     only effect would be the position, which the device's last report of the batch (never shed)
-    overwrites. A report that could produce an event is never shed."""
+    overwrites. A report that could produce an event is never shed. On a replay of batch `batch_id`
+    (the state record was written by this very batch) the state before the batch is used, as the
+    process stage does."""
     from fencing.fence_cache import process_cache
     from fencing.transitions import DeviceState
     if not batch.num_rows:
@@ -468,7 +471,7 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
     for d, raw in zip(dkeys, pipe.execute()):
         if raw:
             rec = orjson.loads(raw)
-            states[d] = rec.get("s")
+            states[d] = rec.get("p") if batch_id is not None and rec.get("b") == batch_id else rec.get("s")
     last_rows = set(last["row"].tolist())
     drop = np.zeros(len(batch), dtype=bool)
     cells = frame["cell"].to_numpy().astype(np.int64).view(np.uint64).tolist()
@@ -513,7 +516,8 @@ def elastic_process(ctx, batches):
         kinds = table.column("kind").to_numpy()
         reports = table.filter(pa.array(kinds == 0))
         side = table.filter(pa.array(kinds != 0))
-        kept, shed = shed_reports(cluster(ctx.redis_host, ctx.redis_port), ctx.routing, reports, ctx.deleted)
+        kept, shed = shed_reports(cluster(ctx.redis_host, ctx.redis_port), ctx.routing, reports, ctx.deleted,
+                                  ctx.batch_id)
         batches = pa.concat_tables([kept, side]).combine_chunks().to_batches()
     for out in process_partition(ctx, iter(batches)):
         kinds = out.column(0).to_numpy(zero_copy_only=False)

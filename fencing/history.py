@@ -19,7 +19,7 @@ def _day(ms: int) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d")
 
 
-def write_batch(root: str, batch_id: int, partition: int, table: pa.Table) -> int:
+def write_batch(root: str, version: str, partition: int, table: pa.Table) -> int:
     """Write one task's reports, split by UTC day; returns the number of files written."""
     if not root or table.num_rows == 0:
         return 0
@@ -31,7 +31,7 @@ def write_batch(root: str, batch_id: int, partition: int, table: pa.Table) -> in
         part = table.filter(pa.array(day_index == index))
         folder = Path(root) / f"day={day}"
         folder.mkdir(parents=True, exist_ok=True)
-        target = folder / f"batch-{batch_id:010d}-part-{partition:04d}.parquet"
+        target = folder / f"batch-{version.replace(':', '-')}-part-{partition:04d}.parquet"
         scratch = target.with_suffix(".tmp")
         pq.write_table(part, scratch, compression="zstd")
         os.replace(scratch, target)         # atomic: readers never see half a file

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 import signal
 import time
 
@@ -40,12 +41,21 @@ class BatchProcessor:
         from ingest.producer import KafkaWriter
 
         self.spark, self.settings = spark, settings
+        self.checkpoint = str(settings.checkpoint_dir)
         self.redis = cluster(*settings.redis_node)
         self.sinks = Sinks(self.redis, KafkaWriter(settings.kafka_bootstrap))
         self.observer = observer              # the elastic controller, when running
         self._salts: dict[int, list[int]] = {}
         self.totals = {"events": 0, "dead": 0, "points": 0, "redis_local": 0, "redis_cross": 0, "shed": 0}
         self.elastic = ELASTIC
+
+    @property
+    def run_id(self) -> str:
+        """The query's id from the checkpoint (stable across restarts from it, new when it is cleared)."""
+        if not getattr(self, "_run_id", None):
+            metadata = Path(self.checkpoint) / "metadata"
+            self._run_id = orjson.loads(metadata.read_text().splitlines()[0])["id"][:8] if metadata.exists() else "run"
+        return self._run_id
 
     def salts(self, n: int) -> list[int]:
         """For each partition p a long value that Spark's hash partitioner sends to p."""
@@ -64,7 +74,7 @@ class BatchProcessor:
         host, port = self.settings.redis_node
         prep = PrepareContext(host, port, table, self.salts(n))
         deleted = frozenset(self.redis.smembers(DELETED_FENCES))
-        proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir))
+        proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id)
         prepared = df.mapInArrow(lambda it: prepare_partition(prep, it), PREPARED_DDL)
         if self.elastic:   # the elastic wrapper: moved-group cache invalidation, child loads, shedding
             from fencing.elastic import elastic_process
@@ -82,7 +92,7 @@ class BatchProcessor:
                 pings.append(row.payload)
             elif row.kind == OUT_KIND_STATS:
                 stats.append(orjson.loads(row.payload))
-        self.sinks.write(batch_id, events, dead, pings)
+        self.sinks.write(f"{self.run_id}:{batch_id}", events, dead, pings)
         self._heartbeat(batch_id, table.version, started, events, dead, stats)
 
     def _heartbeat(self, batch_id, routing_version, started, events, dead, stats) -> None:
@@ -138,8 +148,9 @@ def start_query(spark: SparkSession, settings: Settings, processor: BatchProcess
               .option("startingOffsets", "earliest")
               .option("maxOffsetsPerTrigger", str(MAX_OFFSETS_PER_TRIGGER))
               .load())
+    processor.checkpoint = checkpoint or str(settings.checkpoint_dir)
     return (source.writeStream.foreachBatch(processor)
-            .option("checkpointLocation", checkpoint or str(settings.checkpoint_dir))
+            .option("checkpointLocation", processor.checkpoint)
             .trigger(processingTime=trigger).queryName("herdfence").start())
 
 

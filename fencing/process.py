@@ -36,6 +36,12 @@ class ProcessContext:
     routing: RoutingTable
     deleted: frozenset[str]
     history_dir: str = ""       # Parquet history root (shared storage on a cluster); "" = none
+    run_id: str = ""            # the streaming query's id: batch ids restart when a checkpoint is cleared
+
+    @property
+    def version(self) -> str:
+        """What device state and history files are versioned by: unique across query runs."""
+        return f"{self.run_id}:{self.batch_id}"
 
 
 class CallCounter:
@@ -66,7 +72,7 @@ def process_partition(ctx: ProcessContext, batches):
                 for i, k in enumerate(kinds) if k != KIND_REPORT]
         reports = table.filter(pa.array(kinds == KIND_REPORT))
         if reports.num_rows:
-            history.write_batch(ctx.history_dir, ctx.batch_id, partition, reports)
+            history.write_batch(ctx.history_dir, ctx.version, partition, reports)
             events, stats = _process_reports(ctx, partition, reports)
             side += [(OUT_KIND_EVENT, orjson.dumps(e.__dict__).decode()) for e in events]
             stats["events"] = len(events)
@@ -104,20 +110,25 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     bounds = np.flatnonzero(np.r_[True, dkey_col[1:] != dkey_col[:-1]])
     ends = np.r_[bounds[1:], len(frame)]
     devices = DeviceBatch(dkeys=dkey_col[bounds].tolist(), homes=frame["grp"].to_numpy()[ends - 1].tolist())
-    _read_states(redis, ctx.batch_id, devices, counter)
+    _read_states(redis, ctx.version, devices, counter)
 
     ts, lat, lon = frame["ts"].tolist(), frame["lat"].tolist(), frame["lon"].tolist()
     devices.frame_ts, devices.frame_lat, devices.frame_lon = ts, lat, lon
+    battery = frame["battery"].to_numpy()
     events: list[Event] = []
     states: list[DeviceState] = []
+    latest_row = np.full(len(bounds), -1, dtype=np.int64)    # the device's last report that counted
     for d, (lo, hi) in enumerate(zip(bounds.tolist(), ends.tolist())):
         state = DeviceState.from_dict(devices.before[d])
         device_id = devices.dkeys[d].partition("/")[2]
-        events += advance(state, device_id, ts[lo:hi], lat[lo:hi], lon[lo:hi], matched[lo:hi],
-                          cache.rules, ctx.deleted)
+        done = advance(state, device_id, ts[lo:hi], lat[lo:hi], lon[lo:hi], matched[lo:hi], cache.rules, ctx.deleted)
+        if done.last >= 0:
+            latest_row[d] = lo + done.last
+            if battery[lo + done.last] == battery[lo + done.last]:      # not NaN: keep the last known one
+                state.battery = float(battery[lo + done.last])
+        events += done.events
         states.append(state)
-    latest = _latest_positions(frame, bounds, devices.before)
-    _write_all(redis, ctx.batch_id, devices, states, latest, events, counter)
+    _write_all(redis, ctx.version, devices, states, latest_row, events, counter)
     group_points = Counter(frame["grp"].tolist())
     stats = {"partition": partition, "points": len(frame), "devices": len(devices.dkeys),
              "groups": dict(group_points), "redis_local": counter.local, "redis_cross": counter.cross,
@@ -155,7 +166,7 @@ def _by(keys_: list, values: list) -> dict:
     return out
 
 
-def _read_states(redis, batch_id: int, devices: DeviceBatch, counter: CallCounter) -> None:
+def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter) -> None:
     """State of each device before this batch, one HMGET per home group. Versioned records make a
     replay of the same batch start from the same state: {"b": batch that wrote it, "s": after, "p": before}."""
     n = len(devices.dkeys)
@@ -193,34 +204,11 @@ def _read_states(redis, batch_id: int, devices: DeviceBatch, counter: CallCounte
         if record is None:
             before.append(None)
         else:
-            before.append(record.get("p") if record.get("b") == batch_id else record.get("s"))
+            before.append(record.get("p") if record.get("b") == version else record.get("s"))
     devices.before = before
 
 
-@dataclass
-class Latest:
-    """Per device: row of its newest processed report (-1: none was newer than its state), battery."""
-    row: np.ndarray
-    battery: np.ndarray
-
-
-def _latest_positions(frame: pd.DataFrame, bounds: np.ndarray, before: list[dict | None]) -> Latest:
-    """Vectorized twin of transitions.advance's rule: a report counts when it is not older than every
-    report the device has had before it (in its state and earlier in this batch)."""
-    n = len(frame)
-    device = np.repeat(np.arange(len(bounds)), np.diff(np.r_[bounds, n]))
-    floor = np.array([(b or {}).get("t") if (b or {}).get("t") is not None else np.iinfo(np.int64).min
-                      for b in before], dtype=np.int64)
-    ts = frame["ts"].to_numpy()
-    running = pd.Series(ts).groupby(device).cummax().groupby(device).shift(1)
-    seen = np.maximum(floor[device], running.fillna(np.iinfo(np.int64).min).to_numpy(dtype=np.int64))
-    processed = ts >= seen
-    rows = pd.Series(np.where(processed, np.arange(n), -1)).groupby(device).max().to_numpy()
-    battery = frame["battery"].where(processed).groupby(device).last().reindex(range(len(bounds))).to_numpy()
-    return Latest(rows, battery)
-
-
-def _write_all(redis, batch_id: int, devices: DeviceBatch, states: list[DeviceState], latest: Latest,
+def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceState], latest_row: np.ndarray,
                events: list[Event], counter: CallCounter) -> None:
     """All writes of the task in one pipeline, batched per key: device state per home group, device
     locations per bucket, positions per farm, position index per cell, members per fence. Plain
@@ -234,31 +222,30 @@ def _write_all(redis, batch_id: int, devices: DeviceBatch, states: list[DeviceSt
     received_ms = int(time.time() * 1000)
     cell_adds: dict[tuple[str, str], list[str]] = {}
     cell_removes: dict[tuple[str, str], list[str]] = {}
-    has_position = latest.row >= 0
+    has_position = latest_row >= 0
     pos_cells = np.zeros(len(states), dtype=np.uint64)
     if has_position.any():
-        rows = latest.row[has_position]
+        rows = latest_row[has_position]
         pos_cells[has_position] = cells_for_points(_col(devices, "lat", rows), _col(devices, "lon", rows),
                                                    keys.POS_INDEX_RES)
     for d, (dkey, home, state) in enumerate(zip(devices.dkeys, devices.homes, states)):
         farm_id, _, device_id = dkey.partition("/")
         old = devices.before[d]
         if has_position[d]:
-            row = int(latest.row[d])
+            row = int(latest_row[d])
             cell = cell_to_str(int(pos_cells[d]))
             previous_cell = (old or {}).get("c")
             state.cell = cell
-            battery = latest.battery[d]
             seen.setdefault(farm_id, {})[device_id] = received_ms
             positions.setdefault(farm_id, {})[device_id] = orjson.dumps({
                 "lat": devices.frame_lat[row], "lon": devices.frame_lon[row], "ts": devices.frame_ts[row],
-                "battery": None if battery is None or battery != battery else float(battery),
+                "battery": state.battery,
                 "fences": [u.partition("/")[2] for u in state.inside_fences()], "cell": cell})
             if previous_cell != cell:
                 if previous_cell:
                     cell_removes.setdefault((farm_id, previous_cell), []).append(device_id)
                 cell_adds.setdefault((farm_id, cell), []).append(device_id)
-        state_by_home.setdefault(home, {})[dkey] = orjson.dumps({"b": batch_id, "s": state.to_dict(), "p": old})
+        state_by_home.setdefault(home, {})[dkey] = orjson.dumps({"b": version, "s": state.to_dict(), "p": old})
         moved_from = devices.moved_from[d]
         if moved_from:
             removed_by_old.setdefault(moved_from, []).append(dkey)

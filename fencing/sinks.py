@@ -38,8 +38,8 @@ class Sinks:
         self.redis, self.producer = redis, producer
         self.add_events = redis.register_script(_ADD_EVENTS)
 
-    def write(self, batch_id: int, events: list[dict], dead_letters: list[str], pings: list[str]) -> int:
-        """Returns how many events were new to Redis."""
+    def write(self, batch_id: str, events: list[dict], dead_letters: list[str], pings: list[str]) -> int:
+        """`batch_id` is the run-qualified batch version. Returns how many events were new to Redis."""
         events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
         new = self._add_to_redis(events)
         marker = keys.SINK_DONE.format(batch_id)

@@ -3,7 +3,7 @@
 For each (device, fence) a confirmed state (initially outside) and a streak of reports that contradict
 it. A streak of `debounce_reports` reports, or one lasting `debounce_seconds` of report time, flips the
 confirmed state and emits the event, stamped with the confirming report's time. Reports older than the
-device's last processed report are skipped: state never rewinds.
+device's last processed report, or repeating it exactly, are skipped: state never rewinds.
 """
 from __future__ import annotations
 
@@ -34,20 +34,40 @@ class FenceState:
 @dataclass
 class DeviceState:
     last_ts: int | None = None
+    last_lat: float | None = None
+    last_lon: float | None = None
+    battery: float | None = None
     cell: str | None = None                       # res-7 cell of the latest position (pull index)
     fences: dict[str, FenceState] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"t": self.last_ts, "c": self.cell, "f": {u: s.to_list() for u, s in self.fences.items()}}
+        return {"t": self.last_ts, "la": self.last_lat, "lo": self.last_lon, "bt": self.battery, "c": self.cell,
+                "f": {u: s.to_list() for u, s in self.fences.items()}}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "DeviceState":
         if not d:
             return cls()
-        return cls(d.get("t"), d.get("c"), {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()})
+        return cls(d.get("t"), d.get("la"), d.get("lo"), d.get("bt"), d.get("c"),
+                   {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()})
 
     def inside_fences(self) -> list[str]:
         return sorted(u for u, s in self.fences.items() if s.inside)
+
+    def accept(self, t: int, lat: float, lon: float) -> bool:
+        """A report counts unless it is older than the last processed one, or repeats it (same time and
+        place: a retried post) — so state never rewinds and a retry never pushes a debounce streak."""
+        if self.last_ts is not None:
+            if t < self.last_ts or (t == self.last_ts and (lat, lon) == (self.last_lat, self.last_lon)):
+                return False
+        self.last_ts, self.last_lat, self.last_lon = t, lat, lon
+        return True
+
+
+@dataclass(frozen=True)
+class Advanced:
+    events: list["Event"]
+    last: int            # index of the last report that counted, -1 when none did
 
 
 @dataclass(frozen=True)
@@ -67,17 +87,17 @@ def event_id(fence_uid: str, device_id: str, kind: str, ts: int) -> str:
 
 
 def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float], lon: list[float],
-            matched: list[frozenset[str]], rules: dict[str, FenceRules], deleted: set[str]) -> list[Event]:
-    """Apply one device's reports (in arrival order) to its state in place; returns the events."""
-    if _steady(state, matched, rules, deleted):
-        newest = max(ts)
-        state.last_ts = newest if state.last_ts is None else max(state.last_ts, newest)
-        return []
+            matched: list[frozenset[str]], rules: dict[str, FenceRules], deleted: set[str]) -> Advanced:
+    """Apply one device's reports (in arrival order) to its state in place."""
+    steady = _steady(state, matched, rules, deleted)
     events: list[Event] = []
-    for t, la, lo, inside_now in zip(ts, lat, lon, matched):
-        if state.last_ts is not None and t < state.last_ts:
+    last = -1
+    for i, (t, la, lo, inside_now) in enumerate(zip(ts, lat, lon, matched)):
+        if not state.accept(t, la, lo):
             continue
-        state.last_ts = t
+        last = i
+        if steady:
+            continue
         for uid in sorted(inside_now | state.fences.keys()):
             if uid in deleted:
                 state.fences.pop(uid, None)
@@ -92,7 +112,7 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
                 state.fences[uid] = fence_state
             else:
                 state.fences.pop(uid, None)
-    return events
+    return Advanced(events, last)
 
 
 def _steady(state: DeviceState, matched: list[frozenset[str]], rules: dict[str, FenceRules],

@@ -274,6 +274,8 @@ def test_k8s_spark_application(k8s):
     assert main in copies
     assert [p.removeprefix("local://") for p in spec["deps"]["pyFiles"]] == ["/opt/herdfence/herdfence-pyfiles.zip"]
     assert spec["type"] == "Python" and spec["mode"] == "cluster"
+    pinned = re.search(r"^pyspark==(\S+)", (ROOT / "requirements.lock").read_text(), re.M).group(1)
+    assert spec["sparkVersion"] == pinned          # the image's Spark is the pinned pyspark's
     da = spec["dynamicAllocation"]
     assert da["enabled"] and da["minExecutors"] <= da["initialExecutors"] <= da["maxExecutors"]
     # the driver may create executor pods: its service account is bound to a role that allows it

@@ -99,10 +99,22 @@ def test_small_skew_through_the_real_job(stack, tmp_path):
     assert (tmp_path / "skew.png").exists()
 
 
+def _prepared(reports, device_farm):
+    """The columns shed_reports reads, as the prepare stage makes them."""
+    import pyarrow as pa
+
+    from fencing.h3util import cells_for_points, cells_to_strs, parent
+    cells = cells_for_points(reports["lat"].to_numpy(), reports["lon"].to_numpy(), keys.FENCE_RES)
+    return pa.table({"farm_id": [device_farm[d] for d in reports["device_id"]],
+                     "device_id": reports["device_id"].tolist(), "ts": reports["ts"].to_numpy(),
+                     "cell": cells.view(np.int64), "grp": cells_to_strs(parent(cells, keys.GROUP_RES))})
+
+
 def test_shedding_never_drops_a_report_that_could_produce_an_event(stack):
-    """Shedding forced on (routing.shed + elastic config "shed": "on") through the real job: reports are
-    shed, and every event the simulated tracks produce is still there exactly once (a shed report that
-    could have produced an event would show up as lost)."""
+    """Load shedding: (1) the predicate on real state (devices' states in Redis, the real fence cache): it
+    sheds reports, and none of them is a report at which the simulated tracks produce an event; (2)
+    shedding forced on (routing.shed + elastic config "shed": "on") through the real job: every expected
+    event is still there exactly once (a shed report that could produce an event would show as lost)."""
     import pandas as pd
 
     from fencing.elastic_cli import observed_events, register, setup_farms, stream_and_wait
@@ -116,22 +128,37 @@ def test_shedding_never_drops_a_report_that_could_produce_an_event(stack):
     reports["device_id"] = prefix + reports["device_id"].astype(str)
     device_farm = {prefix + d: farm_ids[f] for d, f in sim.device_farm.items()}
     register(redis, device_farm)
-    first = reports["ts"] < reports["ts"].min() + 3 * 30_000          # ~3 reports per device: states exist
+    expected = expected_events(reports, fences, device_farm)
+    first = (reports["ts"] < reports["ts"].min() + 3 * 30_000).to_numpy()   # ~3 reports per device
+    rest = reports[~first]
     try:
-        redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": False, "shed": "on"}))
+        redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": False, "shed": "off"}))
+        stream_and_wait(redis, stack.kafka_bootstrap, reports[first], None, 60)    # device states exist now
+
+        # (1) the predicate, on the rest as one batch (many reports per device), against the real state
         table = routing.load(redis)
+        prepared = _prepared(rest, device_farm)
+        kept, n_shed = elastic.shed_reports(redis, table, prepared, frozenset())
+        assert n_shed > 0.2 * len(rest), n_shed
+        kept_keys = set(zip(kept.column("device_id").to_pylist(), kept.column("ts").to_pylist()))
+        shed_keys = set(zip(rest["device_id"], rest["ts"].tolist())) - kept_keys
+        event_keys = set(zip(expected["device_id"], expected["ts"].astype("int64").tolist()))
+        assert len(event_keys & set(zip(rest["device_id"], rest["ts"].tolist()))) > 0
+        assert not shed_keys & event_keys                             # no event-producing report shed
+        last = rest.groupby("device_id")["ts"].max()
+        assert not shed_keys & set(zip(last.index, last.tolist()))    # a device's last report is kept
+
+        # (2) through the job, shedding forced on
+        redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": False, "shed": "on"}))
         routing.publish(redis, table.evolve(routes={}, splits={}, shed=True))
-        stream_and_wait(redis, stack.kafka_bootstrap, reports[first], None, 60)
-        # the rest at once: a batch holds many reports per device, most deep inside or outside every fence
-        before, after = stream_and_wait(redis, stack.kafka_bootstrap, reports[~first], None, 60)
+        before, after = stream_and_wait(redis, stack.kafka_bootstrap, rest, None, 60)
         assert routing.load(redis).shed
     finally:
         redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": True}))
         table = routing.load(redis)
         routing.publish(redis, table.evolve(routes={}, splits={}, shed=False))
-    shed = after["shed_total"] - before["shed_total"]
-    assert shed > 0.1 * (~first).sum(), shed                          # shedding really happened
-    expected = expected_events(pd.concat([reports], ignore_index=True), fences, device_farm)
+    shed_job = after["shed_total"] - before["shed_total"]
     rec = reconcile(expected, observed_events(redis, farm_ids.values()))
     assert rec["events"] > 0
-    assert rec["lost"] == 0 and rec["duplicated"] == 0 and rec["unexpected"] == 0, rec
+    assert rec["lost"] == 0 and rec["duplicated"] == 0 and rec["unexpected"] == 0, (rec, shed_job)
+    assert shed_job > 0, "the job shed nothing although routing.shed was on"

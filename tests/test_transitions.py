@@ -9,8 +9,8 @@ F, G = "farm-a/f1", "farm-a/f2"
 
 def run(state, ts, inside_sets, rules=None, deleted=()):
     n = len(ts)
-    return advance(state, "cow", list(ts), [47.0] * n, [8.0] * n, [frozenset(s) for s in inside_sets],
-                   rules or {}, set(deleted))
+    return advance(state, "cow", list(ts), [47.0] * n, [8.0 + i * 1e-5 for i in range(n)],
+                   [frozenset(s) for s in inside_sets], rules or {}, set(deleted)).events
 
 
 def test_two_consecutive_reports_confirm_enter_and_exit():
@@ -61,3 +61,11 @@ def test_dwell_once_per_stay_and_state_round_trips():
     events = run(state, [0, 1_000, 30_000, 61_000, 90_000], [{F}] * 5, rules)
     assert [(e.type, e.ts) for e in events] == [("enter", 1_000), ("dwell", 61_000)]
     assert DeviceState.from_dict(state.to_dict()) == state
+
+
+def test_a_retried_report_does_not_count_twice_but_a_new_place_at_the_same_time_does():
+    state = DeviceState()
+    done = advance(state, "cow", [1_000, 1_000], [47.0, 47.0], [8.0, 8.0], [frozenset({F})] * 2, {}, set())
+    assert done.events == [] and done.last == 0 and state.fences[F].streak == 1
+    done = advance(state, "cow", [1_000], [47.0], [8.1], [frozenset({F})], {}, set())
+    assert [e.type for e in done.events] == ["enter"] and done.last == 0
