@@ -220,10 +220,6 @@ def test_broker_down_503_then_job_resumes(ha_stack):
     client.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG (fencing/sinks.py + fencing/process.py): batch ids restart at 0 when "
-                   "the checkpoint is cleared (fresh embedded broker), but the sink markers sinkdone:<batch_id> "
-                   "(7 days) and the state versions {'b': batch_id} of the old run remain: fence.events of the "
-                   "new run's first batches are never produced")
 def test_fence_events_produced_after_broker_restart(ha_stack):
     """After the broker restart above, events of the new run must reach Kafka `fence.events`."""
     from confluent_kafka import Consumer, TopicPartition
@@ -247,10 +243,6 @@ def test_fence_events_produced_after_broker_restart(ha_stack):
     assert api_ids <= seen, f"{len(api_ids - seen)} of {len(api_ids)} events never reached fence.events"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG fencing/transitions.advance + process._write_live: a report whose ts "
-                   "equals the device's last processed ts is applied again, so a client retrying a batch the API "
-                   "had already produced (API killed before it answered) counts those reports twice towards a "
-                   "debounce streak: a single stray report + a retry confirms a false EXIT")
 def test_retried_batch_does_not_count_twice(stack):
     from tests.farmkit import Farm, square
     farm = Farm(stack, "retry")
