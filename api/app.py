@@ -7,7 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, ORJSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 import asyncio
@@ -41,19 +41,38 @@ async def lifespan(app: FastAPI):
         producer().close()
 
 
-app = FastAPI(title="herdfence", version="0.1.0", lifespan=lifespan,
+app = FastAPI(title="herdfence", version="0.1.0", lifespan=lifespan, default_response_class=ORJSONResponse,
               description="Geofencing for livestock: fences, GPS reports, live membership and events. "
                           "Auth: `Authorization: Bearer <farm API key or device token>`.")
 app.add_middleware(BodySizeLimit)
 
 
-@app.middleware("http")
-async def observe(request: Request, call_next):
-    started = time.perf_counter()
-    response = await call_next(request)
-    route = request.scope.get("route")
-    metrics.METRICS.observe(getattr(route, "path", "unmatched"), response.status_code, time.perf_counter() - started)
-    return response
+class Observe:
+    """Request count and latency per route, as raw ASGI middleware (cheaper than BaseHTTPMiddleware)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.inner(scope, receive, send)
+        started = time.perf_counter()
+        status = 500
+
+        async def tap(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.inner(scope, receive, tap)
+        finally:
+            route = scope.get("route")
+            metrics.METRICS.observe(getattr(route, "path", "unmatched"), status, time.perf_counter() - started)
+
+
+app.add_middleware(Observe)
 
 
 @app.get("/healthz", tags=["ops"], summary="Liveness: {\"status\":\"ok\"}")

@@ -31,9 +31,26 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
+_CACHE_TTL_S = 5.0
+_cache: dict[str, tuple[float, Principal | None]] = {}
+
+
 def resolve(redis, secret: str) -> Principal | None:
-    """Look the secret up by its hash; the stored hash is compared again in constant time."""
+    """Look the secret up by its hash (cached for a few seconds per API worker: every pull query
+    pays for auth, and keys change rarely); the stored hash is compared in constant time."""
     digest = hash_secret(secret)
+    now = time.monotonic()
+    hit = _cache.get(digest)
+    if hit is not None and now - hit[0] < _CACHE_TTL_S:
+        return hit[1]
+    found = _lookup(redis, digest)
+    if len(_cache) > 50_000:
+        _cache.clear()
+    _cache[digest] = (now, found)
+    return found
+
+
+def _lookup(redis, digest: str) -> Principal | None:
     farm_id = redis.get(keys.apikey(digest))
     if farm_id is not None:
         stored = redis.hget(keys.farm(farm_id), "key_hash") or ""

@@ -1,6 +1,8 @@
 """Read side of the live state the job writes: positions, fence members, spatial lookups."""
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
 import orjson
 import shapely
@@ -28,19 +30,56 @@ def device_view(device_id: str, pos: dict | None) -> dict:
             "fences": pos.get("fences", []), "battery": pos.get("battery")}
 
 
-def fence_members(redis, farm_id: str, fence_id: str) -> list[dict]:
-    inside = redis.hgetall(keys.members(farm_id, fence_id))
-    found = positions(redis, farm_id, sorted(inside))
+# Query-by-fence in one round trip (all keys share the farm's slot): does the fence exist, who is in
+# it, and where are they. nil when the fence does not exist.
+_MEMBERS = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then return false end
+local inside = redis.call('HGETALL', KEYS[2])
+local ids = {}
+for i = 1, #inside, 2 do ids[#ids + 1] = inside[i] end
+if #ids == 0 or #ids > 7000 then return {inside, {}} end
+return {inside, redis.call('HMGET', KEYS[3], unpack(ids))}
+"""
+
+
+def fence_members(redis, farm_id: str, fence_id: str) -> list[dict] | None:
+    """Devices inside the fence now, or None when the farm has no such fence."""
+    script = _script(redis, _MEMBERS)
+    answer = script(keys=[keys.farm_fences(farm_id), keys.members(farm_id, fence_id), keys.positions(farm_id)],
+                    args=[fence_id])
+    if answer is None:
+        return None
+    flat, raw_positions = answer
+    inside = dict(zip(flat[::2], flat[1::2]))
+    if inside and not raw_positions:       # too many members for one script call: read positions apart
+        found = positions(redis, farm_id, sorted(inside))
+    else:
+        found = {d: orjson.loads(r) for d, r in zip(flat[::2], raw_positions) if r}
     return [{"device_id": d, "lat": p.get("lat"), "lon": p.get("lon"), "ts": iso(p.get("ts")),
-             "inside_since": iso(int(inside[d]))} for d, p in found.items()]
+             "inside_since": iso(int(inside[d]))} for d, p in sorted(found.items())]
+
+
+_scripts: dict[tuple[int, str], object] = {}
+
+
+def _script(redis, source: str):
+    key = (id(redis), source)
+    if key not in _scripts:
+        _scripts[key] = redis.register_script(source)
+    return _scripts[key]
+
+
+@lru_cache(maxsize=4096)
+def _cover_cells(wkb: bytes) -> tuple[list[str], list[str]]:
+    """The res-7 cover of a query area; cached, since dashboards ask about the same areas again."""
+    area = cover(shapely.from_wkb(wkb), res=keys.POS_INDEX_RES)
+    return [cell_to_str(int(c)) for c in area.interior], [cell_to_str(int(c)) for c in area.boundary]
 
 
 def devices_within(redis, farm_id: str, geom: shapely.Geometry) -> dict[str, dict]:
     """Devices whose latest position lies in geom, from the res-7 cell index: devices in cells wholly
     inside are taken as they are, devices in boundary cells get an exact test — never a full scan."""
-    area = cover(geom, res=keys.POS_INDEX_RES)
-    interior = [cell_to_str(int(c)) for c in area.interior]
-    boundary = [cell_to_str(int(c)) for c in area.boundary]
+    interior, boundary = _cover_cells(shapely.to_wkb(geom))
     pipe = redis.pipeline()
     for cell in interior + boundary:
         pipe.smembers(keys.position_cell(farm_id, cell))

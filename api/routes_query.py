@@ -8,7 +8,6 @@ from api import events, history, live, tenancy
 from api.auth import Principal, farm_principal, principal
 from api.errors import not_found, unprocessable
 from fencing.timeutil import iso, to_ms
-from fencing import fence_store
 from fencing.geometry import FenceError, parse_fence_geometry
 import shapely
 
@@ -17,10 +16,10 @@ router = APIRouter(prefix="/v1", tags=["queries"])
 
 @router.get("/fences/{fence_id}/devices", summary="Devices inside the fence now")
 def fence_devices(fence_id: str, request: Request, who: Principal = Depends(farm_principal)) -> dict:
-    redis = request.app.state.redis
-    if fence_store.load_fence(redis, who.farm_id, fence_id) is None:
+    devices = live.fence_members(request.app.state.redis, who.farm_id, fence_id)
+    if devices is None:
         raise not_found("fence")
-    return {"fence_id": fence_id, "devices": live.fence_members(redis, who.farm_id, fence_id)}
+    return {"fence_id": fence_id, "devices": devices}
 
 
 @router.post("/query/within", summary="Devices whose latest position lies in an ad-hoc Polygon/MultiPolygon")
