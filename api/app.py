@@ -7,6 +7,9 @@ from functools import lru_cache
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
 from fastapi.responses import FileResponse, JSONResponse, ORJSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -27,6 +30,10 @@ async def lifespan(app: FastAPI):
     settings = load_settings()
     app.state.settings = settings
     app.state.redis = connect(settings)
+    host, port = settings.redis_node
+    # the hot pull routes are async end to end (no thread hop): they use an asyncio cluster client
+    app.state.aredis = AsyncRedisCluster(host=host, port=port, decode_responses=True, socket_timeout=10,
+                                         retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), 8))
 
     @lru_cache(maxsize=1)
     def producer():
@@ -37,6 +44,7 @@ async def lifespan(app: FastAPI):
     delivery = asyncio.create_task(webhooks.Deliverer(app.state.redis).run())
     yield
     delivery.cancel()
+    await app.state.aredis.aclose()
     if producer.cache_info().currsize:
         producer().close()
 

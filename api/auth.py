@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from fastapi import Depends, HTTPException, Request
+from starlette.concurrency import run_in_threadpool
 
 from api import limits
 from fencing import keys
@@ -71,9 +72,16 @@ def bearer_secret(request: Request) -> str | None:
     return request.query_params.get("key") or None
 
 
-def principal(request: Request) -> Principal:
+async def principal(request: Request) -> Principal:
+    """Async so that a cached key costs no thread hop; a cache miss reads Redis in the thread pool."""
     secret = bearer_secret(request)
-    found = resolve(request.app.state.redis, secret) if secret else None
+    found = None
+    if secret:
+        hit = _cache.get(hash_secret(secret))
+        if hit is not None and time.monotonic() - hit[0] < _CACHE_TTL_S:
+            found = hit[1]
+        else:
+            found = await run_in_threadpool(resolve, request.app.state.redis, secret)
     if found is None:
         raise HTTPException(401, "missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
     request.state.farm_id = found.farm_id
@@ -82,7 +90,7 @@ def principal(request: Request) -> Principal:
     return found
 
 
-def farm_principal(who: Principal = Depends(principal)) -> Principal:
+async def farm_principal(who: Principal = Depends(principal)) -> Principal:
     """Routes that manage a farm need the farm key, not a device token."""
     if who.is_device:
         raise HTTPException(403, "a device token may only post its own reports; use the farm API key")

@@ -42,19 +42,19 @@ return {inside, redis.call('HMGET', KEYS[3], unpack(ids))}
 """
 
 
-def fence_members(redis, farm_id: str, fence_id: str) -> list[dict] | None:
-    """Devices inside the fence now, or None when the farm has no such fence."""
-    script = _script(redis, _MEMBERS)
-    answer = script(keys=[keys.farm_fences(farm_id), keys.members(farm_id, fence_id), keys.positions(farm_id)],
-                    args=[fence_id])
+async def fence_members(aredis, farm_id: str, fence_id: str) -> list[dict] | None:
+    """Devices inside the fence now, or None when the farm has no such fence (async Redis client)."""
+    script = _script(aredis, _MEMBERS)
+    answer = await script(keys=[keys.farm_fences(farm_id), keys.members(farm_id, fence_id),
+                                keys.positions(farm_id)], args=[fence_id])
     if answer is None:
         return None
     flat, raw_positions = answer
     inside = dict(zip(flat[::2], flat[1::2]))
+    ids = flat[::2]
     if inside and not raw_positions:       # too many members for one script call: read positions apart
-        found = positions(redis, farm_id, sorted(inside))
-    else:
-        found = {d: orjson.loads(r) for d, r in zip(flat[::2], raw_positions) if r}
+        raw_positions = await aredis.hmget(keys.positions(farm_id), ids)
+    found = {d: orjson.loads(r) for d, r in zip(ids, raw_positions) if r}
     return [{"device_id": d, "lat": p.get("lat"), "lon": p.get("lon"), "ts": iso(p.get("ts")),
              "inside_since": iso(int(inside[d]))} for d, p in sorted(found.items())]
 
@@ -76,17 +76,19 @@ def _cover_cells(wkb: bytes) -> tuple[list[str], list[str]]:
     return [cell_to_str(int(c)) for c in area.interior], [cell_to_str(int(c)) for c in area.boundary]
 
 
-def devices_within(redis, farm_id: str, geom: shapely.Geometry) -> dict[str, dict]:
+async def devices_within(aredis, farm_id: str, geom: shapely.Geometry) -> dict[str, dict]:
     """Devices whose latest position lies in geom, from the res-7 cell index: devices in cells wholly
     inside are taken as they are, devices in boundary cells get an exact test — never a full scan."""
     interior, boundary = _cover_cells(shapely.to_wkb(geom))
-    pipe = redis.pipeline()
+    pipe = aredis.pipeline()
     for cell in interior + boundary:
         pipe.smembers(keys.position_cell(farm_id, cell))
-    sets = pipe.execute() if (interior or boundary) else []
+    sets = await pipe.execute() if (interior or boundary) else []
     sure = set().union(*sets[: len(interior)]) if interior else set()
     maybe = set().union(*sets[len(interior):]) - sure if boundary else set()
-    found = positions(redis, farm_id, sorted(sure | maybe))
+    ids = sorted(sure | maybe)
+    found = {d: orjson.loads(v) for d, v in zip(ids, await aredis.hmget(keys.positions(farm_id), ids)) if v} \
+        if ids else {}
     if maybe:
         candidates = [d for d in maybe if d in found]
         lon = np.array([found[d]["lon"] for d in candidates], dtype=float)

@@ -9,28 +9,29 @@ from api.auth import Principal, farm_principal, principal
 from api.errors import not_found, unprocessable
 from fencing.timeutil import iso, to_ms
 from fencing.geometry import FenceError, parse_fence_geometry
+import anyio.from_thread
 import shapely
 
 router = APIRouter(prefix="/v1", tags=["queries"])
 
 
 @router.get("/fences/{fence_id}/devices", summary="Devices inside the fence now")
-def fence_devices(fence_id: str, request: Request, who: Principal = Depends(farm_principal)) -> dict:
-    devices = live.fence_members(request.app.state.redis, who.farm_id, fence_id)
+async def fence_devices(fence_id: str, request: Request, who: Principal = Depends(farm_principal)) -> dict:
+    devices = await live.fence_members(request.app.state.aredis, who.farm_id, fence_id)
     if devices is None:
         raise not_found("fence")
     return {"fence_id": fence_id, "devices": devices}
 
 
 @router.post("/query/within", summary="Devices whose latest position lies in an ad-hoc Polygon/MultiPolygon")
-def query_within(request: Request, body: dict = Body(..., examples=[{"geometry": {
+async def query_within(request: Request, body: dict = Body(..., examples=[{"geometry": {
         "type": "Polygon", "coordinates": [[[8.5, 47.0], [8.6, 47.0], [8.6, 47.1], [8.5, 47.0]]]}}]),
         who: Principal = Depends(farm_principal)) -> dict:
     try:
         geom = parse_fence_geometry(body.get("geometry") if isinstance(body, dict) else None)
     except FenceError as err:
         raise unprocessable(str(err)) from None
-    found = live.devices_within(request.app.state.redis, who.farm_id, geom)
+    found = await live.devices_within(request.app.state.aredis, who.farm_id, geom)
     return {"fence_id": None, "devices": [
         {"device_id": d, "lat": p["lat"], "lon": p["lon"], "ts": iso(p["ts"]), "inside_since": None}
         for d, p in sorted(found.items())]}
@@ -62,7 +63,8 @@ def get_positions(request: Request, bbox: str | None = Query(None, examples=["8.
     redis = request.app.state.redis
     if bbox:
         area = _bbox(bbox)
-        found = live.devices_within(redis, who.farm_id, area) if area.area < 1.0 else \
+        found = anyio.from_thread.run(live.devices_within, request.app.state.aredis, who.farm_id, area) \
+            if area.area < 1.0 else \
             {d: p for d, p in live.positions(redis, who.farm_id).items()
              if shapely.intersects_xy(area, p["lon"], p["lat"])}
     else:

@@ -48,7 +48,7 @@ HISTORY_MAX = 5000
 @dataclass
 class ElasticConfig:
     enabled: bool = True
-    planner: str = "pairwise"        # "pairwise" (Borealis) or "binpack" (HarmonicIO IRM)
+    planner: str = "binpack"         # "binpack" (HarmonicIO IRM) or "pairwise" (Borealis): README
     min_points: int = 1500           # a window closes once it has this many points ...
     max_beats: int = 8               # ... or this many beats
     # hysteresis band: act when max/mean exceeds `trigger` (below the 1.3 bar, so a drifting hot spot is
@@ -247,11 +247,17 @@ class Controller:
         cfg = self.config()
         self.shed_total += sum(int(p.get("shed", 0)) for p in beat.get("partitions", []))
         if self.pending_stall is not None and beat.get("routing_version") == self.pending_stall["version"]:
-            # the first batch on the new routing: its extra time over a normal batch is part of the stall
+            # the first batch on the new routing. Stall = the controller's execute time (no batch runs
+            # meanwhile) + the slowest task's reload of the moved groups' fences (measured in the task).
+            # For comparison, the batch-level estimate: its extra time over the median batch (noisy on a
+            # shared machine: it includes ordinary batch-to-batch variation)
+            reload_s = max((float(p.get("reload_s", 0.0)) for p in beat.get("partitions", [])), default=0.0)
             normal = float(np.median(self.batch_seconds)) if self.batch_seconds else 0.0
             extra = max(0.0, float(beat.get("duration_s", 0)) - normal)
-            self.pending_stall["stall_ms"] = round(self.pending_stall["execute_ms"] + 1000 * extra, 1)
-            self.redis.hset(STALLS_KEY, str(self.pending_stall["version"]), self.pending_stall["stall_ms"])
+            self.pending_stall["stall_ms"] = round(self.pending_stall["execute_ms"] + 1000 * reload_s, 1)
+            self.pending_stall["stall_ms_batch"] = round(self.pending_stall["execute_ms"] + 1000 * extra, 1)
+            self.redis.hset(STALLS_KEY, str(self.pending_stall["version"]), orjson.dumps(
+                {"stall_ms": self.pending_stall["stall_ms"], "stall_ms_batch": self.pending_stall["stall_ms_batch"]}))
             self.pending_stall = None
         elif beat.get("points"):
             self.batch_seconds.append(float(beat.get("duration_s", 0)))
@@ -506,9 +512,21 @@ def elastic_process(ctx, batches):
     """Wraps fencing.process.process_partition: cache invalidation of moved groups, res-7 child load
     of every group, and load shedding when the routing table asks for it; adds them to the stats row."""
     from fencing.process import OUT_KIND_STATS, process_partition
+    from fencing.fence_cache import process_cache
     from fencing.redis_conn import cluster
-    on_task_routing(ctx.routing)
+    moved = on_task_routing(ctx.routing)
     batches = [b for b in batches if b.num_rows]
+    reload_s = 0.0
+    if moved and batches:
+        # reload the moved groups this task serves now (timed: it is the task's share of the stall)
+        started = time.perf_counter()
+        here = set()
+        for b in batches:
+            here.update(g for g in b.column("grp").to_pylist() if g)
+        want = sorted(here & set(moved))
+        if want:
+            process_cache().refresh(cluster(ctx.redis_host, ctx.redis_port), want)
+        reload_s = time.perf_counter() - started
     children, route_groups = child_counts(batches, ctx.routing.splits)
     shed = 0
     if ctx.routing.shed and batches:
@@ -528,6 +546,7 @@ def elastic_process(ctx, batches):
                 stats = orjson.loads(payload[i])
                 stats["children"] = children
                 stats["route_groups"] = route_groups
+                stats["reload_s"] = round(reload_s, 4)
                 stats["shed"] = shed
                 payload[i] = orjson.dumps(stats).decode()
             out = pa.RecordBatch.from_arrays([out.column(0), pa.array(payload, pa.string())], schema=out.schema)

@@ -132,10 +132,12 @@ DEFINITIONS = {
     "max_over_mean_after": "p90 of max/mean over ALL windows strictly after that first balanced window, to "
                            "the end of the skewed stream, while the hot spot keeps moving (not the first "
                            "good window); see also _median, _max and windows_after_over_bar",
-    "reconfig_stall_ms": "worst step: controller execute time (plan, slot migration, publish) plus the "
-                         "extra duration of the first micro-batch on the new routing over the median of the "
-                         "last 20 batches; on a shared machine this includes batch-to-batch noise "
-                         "(compare batch_seconds_median/p90)",
+    "reconfig_stall_ms": "worst step: controller execute time (plan, slot migration, publish: no batch "
+                         "runs meanwhile) plus the slowest task's reload of the moved groups' fences in the "
+                         "first micro-batch on the new routing (timed in the task)",
+    "reconfig_stall_ms_batch_estimate": "worst step: execute time plus the first micro-batch's duration on the "
+                                        "new routing over the median of the last 20 batches; includes "
+                                        "ordinary batch-to-batch noise (compare batch_seconds_median/p90)",
     "cross_shard_calls_*": "Redis commands on group keys sent to a master other than the one aligned with "
                            "the task's partition, same 20k-report load, controller paused, no splits",
     "moves_reverted": "moves that put an item back on the partition it left in the previous step (flapping)",
@@ -214,7 +216,7 @@ def plot(windows: list[dict], decisions: list[dict], path: Path) -> None:
 
 def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000.0,
              compare_points: int = 20_000, env_overrides: dict | None = None, private: bool = True,
-             timeout: float = 240.0, planner: str = "pairwise") -> dict:
+             timeout: float = 240.0, planner: str = "binpack") -> dict:
     """The scenario. private=True: start and stop a private embedded stack; False: use the stack
     described by the current environment (the test suite's)."""
     from deploy import stack
@@ -257,11 +259,15 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
         # decisions: the status holds the stall figures (filled in one beat later), the list holds them all
         ctl = orjson.loads(redis.get(elastic.STATUS_KEY) or b"{}")
         stall = {d["version"]: d.get("stall_ms") for d in ctl.get("decisions", []) if "step" in d}
-        stall.update({int(v): float(ms) for v, ms in (redis.hgetall(elastic.STALLS_KEY) or {}).items()})
+        stall_batch = {}
+        for v, raw in (redis.hgetall(elastic.STALLS_KEY) or {}).items():
+            rec = orjson.loads(raw)
+            stall[int(v)], stall_batch[int(v)] = rec["stall_ms"], rec["stall_ms_batch"]
         decisions = [orjson.loads(r) for r in redis.lrange(elastic.DECISIONS_KEY, 0, -1)][::-1]
         for d in decisions:
             if stall.get(d.get("version")) is not None:
                 d["stall_ms"] = stall[d["version"]]
+                d["stall_ms_batch"] = stall_batch.get(d["version"])
         decisions = [d for d in decisions if "step" in d
                      and main_before["batch_id"] < d.get("batch_id", main_before["batch_id"] + 1)]
 
@@ -291,6 +297,7 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
         restarts = (job_rec.restarts if job_rec else 0) - restarts0
         summary = summarize(windows, decisions)
         stalls = [d.get("stall_ms") if d.get("stall_ms") is not None else d.get("execute_ms") for d in decisions]
+        stalls_batch = [d.get("stall_ms_batch") for d in decisions if d.get("stall_ms_batch") is not None]
         # context for the stall: how much micro-batch durations vary anyway on this machine
         durations = [b.get("duration_s", 0.0) for b in beats_since(redis, main_before["batch_id"])
                      if b["batch_id"] <= main_after["batch_id"] and b.get("points")]
@@ -301,6 +308,7 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
             "max_over_mean_after": summary["max_over_mean_after"],
             "reconfig_stall_ms": max(stalls) if stalls else 0.0,
             "reconfig_stall_ms_median": float(np.median(stalls)) if stalls else 0.0,
+            "reconfig_stall_ms_batch_estimate": max(stalls_batch) if stalls_batch else None,
             "execute_ms_max": max((d.get("execute_ms", 0.0) for d in decisions), default=0.0),
             "batch_seconds_median": round(float(np.median(durations)), 3) if durations else None,
             "batch_seconds_p90": round(float(np.percentile(durations, 90)), 3) if durations else None,
@@ -325,7 +333,7 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
             "window_points": [w["points"] for w in windows],
             "definitions": DEFINITIONS,
             "decisions": [{k: d.get(k) for k in ("step", "version", "why", "imbalance", "predicted", "n_moves",
-                                                 "split", "merged", "execute_ms", "stall_ms")}
+                                                 "split", "merged", "execute_ms", "stall_ms", "stall_ms_batch")}
                           | {"slots": len(d.get("slots", []))} for d in decisions],
             "seconds": round(time.time() - started, 1),
         }
@@ -347,7 +355,7 @@ def main(argv: list[str]) -> int:
     sk.add_argument("--devices", type=int, default=1000)
     sk.add_argument("--steps", type=int, default=80)
     sk.add_argument("--rate", type=float, default=3000.0)
-    sk.add_argument("--planner", choices=("pairwise", "binpack"), default="pairwise")
+    sk.add_argument("--planner", choices=("binpack", "pairwise"), default="binpack")
     st = sub.add_parser("status", help="routing version, per-partition load, last decisions")
     st.add_argument("--json", action="store_true")
     args = p.parse_args(argv)

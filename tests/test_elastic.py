@@ -122,6 +122,16 @@ def test_shedding_never_drops_a_report_that_could_produce_an_event(stack):
     from loadgen.truth import expected_events, reconcile
     redis = stack.redis
     sim = simulate(SimConfig(seed=11, farms=2, fences_per_farm=4, devices=200, steps=30, silent_fraction=0.0))
+    # the paddocks are small (every animal is near a paddock edge, so nothing is sheddable there); a
+    # perimeter fence around each farm gives the deep interior cells where shedding applies
+    from loadgen.herd import Fence
+    for farm in sim.farms:
+        mine = sim.reports[sim.reports["device_id"].map(sim.device_farm) == farm.farm_id]
+        x0, y0 = float(mine["lon"].min()) - 0.004, float(mine["lat"].min()) - 0.003
+        x1, y1 = float(mine["lon"].max()) + 0.004, float(mine["lat"].max()) + 0.003
+        feature = {"type": "Feature", "properties": {"name": "perimeter"}, "geometry": {
+            "type": "Polygon", "coordinates": [[[x0, y0], [x1, y0], [x1, y1], [x0, y1], [x0, y0]]]}}
+        sim.fences.append(Fence.from_feature(feature, f"perimeter-{farm.farm_id}", farm.farm_id))
     prefix = "shed-"
     farm_ids, fences = setup_farms(redis, sim, prefix)
     reports = sim.reports.copy()
