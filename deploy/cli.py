@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Other packages own these commands; the remaining arguments go to their main(argv) unchanged.
 PASSTHROUGH = {
-    "bench": ("loadgen.bench", "the benchmark", "push | pull | ingest | report ..."),
+    "bench": ("loadgen.bench", "the benchmark", "push | pull | ingest | fences | report ..."),
     "elastic": ("fencing.elastic_cli", "the elastic loop", "skew | status ..."),
     "export": ("api.export", "export", "export data ..."),
 }

@@ -17,7 +17,6 @@ from redis.crc import key_slot
 from fencing import keys
 
 DEFAULT_PARTITIONS = 6
-SPLIT_RES = 7        # res-7 children: load diagnostics only (see split buckets below)
 # A split (hot) group is routed by device bucket: crc32(farm/device) % SPLIT_BUCKETS. Buckets, not the
 # group's H3 children, because herds are tight blobs that cross child boundaries as they walk: with res-7
 # children one child can hold a whole gathered herd (max/mean stuck at 1.7-2.0), with res-8 children a

@@ -1,4 +1,4 @@
-"""`herdfence bench push | pull | ingest | report` (see ../shared/CONTRACT.md, "Benchmarks").
+"""`herdfence bench push | pull | ingest | fences | report` (see ../shared/CONTRACT.md, "Benchmarks").
 
 push: N fences (bulk-loaded), D devices, M simulated points streamed into gps.reports as fast as
   possible through the real job; sustained points/s end to end (first report produced → the job's
@@ -239,8 +239,13 @@ def main(argv: list[str]) -> int:
     pl.add_argument("--no-plot", action="store_true")
     pl.add_argument("--keep-stack", action="store_true")
     sub.add_parser("ingest", help="Kafka source read benchmark (ingest/bench.py)", add_help=False)
+    sub.add_parser("fences", help="fence scaling: 10k vs 1M fences, per-point cost (loadgen/bench_fences.py)",
+                   add_help=False)
     rp = sub.add_parser("report", help="write docs/benchmarks.md from the JSON results under docs/")
     rp.add_argument("--docs", default=str(DOCS))
+    if argv and argv[0] == "fences":
+        from loadgen import bench_fences
+        return bench_fences.main(argv[1:])
     if argv and argv[0] == "ingest":
         from ingest import bench as ingest_bench
         if hasattr(ingest_bench, "main"):
