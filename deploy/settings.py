@@ -6,6 +6,7 @@ Unset variables mean "the embedded stack": Tansu on 127.0.0.1:9092, a 3-master R
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,10 +41,29 @@ class Settings:
         return self.kafka or f"127.0.0.1:{self.embedded_kafka_port}"
 
     @property
+    def redis_nodes(self) -> list[tuple[str, int]]:
+        """Every node a client may start from: HERDFENCE_REDIS may list several (`h1:p1,h2:p2`); the
+        embedded cluster's masters and their replicas (ports after the masters')."""
+        if self.redis:
+            out = []
+            for entry in self.redis.split(","):
+                host, _, port = entry.strip().rpartition(":")
+                out.append((host or "127.0.0.1", int(port)))
+            return out
+        return [("127.0.0.1", self.embedded_redis_port + i) for i in range(2 * self.embedded_redis_masters)]
+
+    @property
     def redis_node(self) -> tuple[str, int]:
-        """One node of the Redis Cluster; the client discovers the rest from it."""
-        host, _, port = (self.redis or f"127.0.0.1:{self.embedded_redis_port}").rpartition(":")
-        return host or "127.0.0.1", int(port)
+        """A reachable node of the Redis Cluster (the client discovers the rest from it): the first of
+        `redis_nodes` that accepts a connection, so a restart after a master died still connects."""
+        nodes = self.redis_nodes
+        for host, port in nodes:
+            try:
+                with socket.create_connection((host, port), timeout=0.3):
+                    return host, port
+            except OSError:
+                continue
+        return nodes[0]
 
     @property
     def spark_master_url(self) -> str:
