@@ -102,8 +102,42 @@ def migrate_slot(client, slot: int, target_address: str, nodes: dict[str, Master
     for m in nodes.values():
         if m.node_id not in (source.node_id, target.node_id):
             _conn(m).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+    _settle(slot, target, nodes)
     return {"slot": slot, "keys": moved, "ms": round(1000 * (time.perf_counter() - started), 2),
             "from": source.address, "to": target.address}
+
+
+def _owner_seen_by(conn: redis.Redis, slot: int) -> str | None:
+    """The node id that one master believes serves `slot` (from its own CLUSTER NODES)."""
+    for line in conn.execute_command("CLUSTER", "NODES").splitlines():
+        fields = line.split()
+        if len(fields) < 8 or "master" not in fields[2]:
+            continue
+        for part in fields[8:]:
+            if part.startswith("["):
+                continue          # a migrating/importing marker, not ownership
+            low, _, high = part.partition("-")
+            if int(low) <= slot <= int(high or low):
+                return fields[0]
+    return None
+
+
+def _settle(slot: int, target: Master, nodes: dict[str, Master], timeout_s: float = 10.0) -> None:
+    """Until every master agrees that `target` serves the slot. Gossip from a node with a higher config
+    epoch can override a fresh SETSLOT NODE (two nodes then redirect to each other: "TTL exhausted"
+    in clients); bumping the target's epoch and re-asserting the owner makes the move win."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        disagree = [m for m in nodes.values() if _owner_seen_by(_conn(m), slot) != target.node_id]
+        if not disagree:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"slot {slot}: masters {[m.address for m in disagree]} do not agree that "
+                               f"{target.address} serves it")
+        _conn(target).execute_command("CLUSTER", "BUMPEPOCH")
+        for m in [target] + disagree:
+            _conn(m).execute_command("CLUSTER", "SETSLOT", slot, "NODE", target.node_id)
+        time.sleep(0.05)
 
 
 def migrate_slots(client, moves: dict[int, str]) -> list[dict]:
