@@ -25,13 +25,14 @@ class RestartPolicy:
     max_attempts: int = 5          # consecutive failed restarts before giving up
     base_delay_s: float = 1.0      # 1, 2, 4, 8, ... seconds
     max_delay_s: float = 60.0
-    healthy_after_s: float = 300.0  # a process that ran this long resets the attempt budget
+    healthy_after_s: float = 120.0  # a process that ran this long resets the attempt budget
 
 
 @dataclass
 class _Track:
     attempts: int = 0
     next_try: float | None = None
+    started_pid: int | None = None   # the pid this supervisor started last
 
 
 @dataclass
@@ -52,7 +53,8 @@ class Supervisor:
                 continue
             track = self._tracks.setdefault(name, _Track())
             if procs.record_alive(rec):
-                if time.time() - rec.started_at > self.policy.healthy_after_s:
+                # healthy for a while, or (re)started by someone else (`herdfence up`): a fresh budget
+                if time.time() - rec.started_at > self.policy.healthy_after_s or rec.pid != track.started_pid:
                     track.attempts = 0
                 track.next_try = None
                 continue
@@ -72,6 +74,7 @@ class Supervisor:
                 procs.kill_leftovers(rec.pid)
                 try:
                     new = procs.start(self.settings, rec.spec, restarts=rec.restarts + 1)
+                    track.started_pid = new.pid
                     self.log(f"restarted {name} as pid {new.pid} (restart #{new.restarts})")
                 except procs.DeployError as e:     # e.g. its port is still taken: try again later
                     self.log(f"cannot restart {name}: {e}")
