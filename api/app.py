@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from fastapi.responses import FileResponse, JSONResponse, ORJSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 import asyncio
@@ -49,7 +49,7 @@ async def lifespan(app: FastAPI):
         producer().close()
 
 
-app = FastAPI(title="herdfence", version="0.1.0", lifespan=lifespan, default_response_class=ORJSONResponse,
+app = FastAPI(title="herdfence", version="0.1.0", lifespan=lifespan,
               description="Geofencing for livestock: fences, GPS reports, live membership and events. "
                           "Auth: `Authorization: Bearer <farm API key or device token>`.")
 app.add_middleware(BodySizeLimit)
