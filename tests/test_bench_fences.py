@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import numpy as np
 import pytest
 
 from deploy.redis_cluster import BUS_OFFSET
-from deploy.procs import port_open
+from deploy.procs import DeployError, ensure_port_free, port_open
 
 PORT = 25104
 KEYS = {"fence_counts", "points", "partitions", "per_point_cost_ratio", "bar", "meets_bar", "results",
@@ -21,10 +22,25 @@ RESULT_KEYS = {"fences", "points", "region", "load", "redis_memory", "partitions
 pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is required")
 
 
+def _busy(ports) -> list[int]:
+    busy = []
+    for port in ports:
+        try:
+            ensure_port_free(port, None)
+        except DeployError:
+            busy.append(port)
+    return busy
+
+
 @pytest.fixture
 def private_redis_only(monkeypatch):
     monkeypatch.delenv("HERDFENCE_REDIS", raising=False)
-    busy = [p for p in range(PORT, PORT + 3) for p in (p, p + BUS_OFFSET) if port_open(p)]
+    # bus ports 35104-35106 lie in Linux's ephemeral range: an outgoing connection of another process
+    # may hold one for a while (then TIME_WAIT); wait for it rather than fail
+    ports = [p for base in range(PORT, PORT + 3) for p in (base, base + BUS_OFFSET)]
+    deadline = time.monotonic() + 90
+    while (busy := _busy(ports)) and time.monotonic() < deadline:
+        time.sleep(2)
     if busy:
         pytest.skip(f"ports in use: {busy}")
 
