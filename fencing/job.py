@@ -12,6 +12,7 @@ import logging
 import os
 from pathlib import Path
 import signal
+import threading
 import time
 
 import orjson
@@ -156,6 +157,8 @@ def start_query(spark: SparkSession, settings: Settings, processor: BatchProcess
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # py4j logs from __del__ on connection close: with the JVM gone that can deadlock on the handler lock
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     settings = load_settings()
     settings.home.mkdir(parents=True, exist_ok=True)
     spark = build_session(settings.spark_master_url)
@@ -171,7 +174,33 @@ def main() -> None:
     def stop(*_):
         query.stop()
     signal.signal(signal.SIGTERM, stop)
-    query.awaitTermination()
+    JvmWatchdog(spark).start()
+    code = 0
+    try:
+        query.awaitTermination()
+    except BaseException:      # the query failed or the JVM died: leave, the supervisor restarts us
+        log.exception("the streaming query stopped")
+        code = 1
+    # os._exit: interpreter shutdown can hang on py4j's callback threads once the JVM is gone
+    logging.shutdown()
+    os._exit(code)
+
+
+class JvmWatchdog(threading.Thread):
+    """Exit the driver when its JVM is gone (killed, OOM): otherwise py4j calls can block forever and a
+    live-looking pid would keep the supervisor from restarting the job."""
+
+    def __init__(self, spark: SparkSession, every_s: float = 2.0):
+        super().__init__(name="jvm-watchdog", daemon=True)
+        self.proc = getattr(spark.sparkContext._gateway, "proc", None)
+        self.every_s = every_s
+
+    def run(self) -> None:
+        while self.proc is not None:
+            time.sleep(self.every_s)
+            if self.proc.poll() is not None:
+                log.error("the Spark JVM exited (code %s); exiting so that the job is restarted", self.proc.returncode)
+                os._exit(3)
 
 
 if __name__ == "__main__":
