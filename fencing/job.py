@@ -172,7 +172,8 @@ def main() -> None:
              *settings.redis_node, settings.spark_master_url)
 
     def stop(*_):
-        query.stop()
+        # not from inside the signal handler: it may interrupt a py4j call of the main thread
+        threading.Thread(target=query.stop, name="stop", daemon=True).start()
     signal.signal(signal.SIGTERM, stop)
     JvmWatchdog(spark).start()
     code = 0
