@@ -39,7 +39,7 @@ import pandas as pd
 
 from loadgen.bench_stack import machine, say
 
-DEFAULT_PORT = 25101
+DEFAULT_PORT = 11101
 BAR = 2.0
 LOAD_CHUNK = 25_000
 

@@ -1,6 +1,6 @@
 """`herdfence bench fences` with tiny counts: the JSON it writes and that the partitions' FenceIndex.match
 (caches loaded from Redis per partition) finds exactly the vectorized limit's (point, fence) pairs.
-Correctness only: no timing asserts. Runs its own private Redis Cluster (ports 25104-25106)."""
+Correctness only: no timing asserts. Runs its own private Redis Cluster (ports 11104-11106)."""
 from __future__ import annotations
 
 import json
@@ -13,7 +13,7 @@ import pytest
 from deploy.redis_cluster import BUS_OFFSET
 from deploy.procs import DeployError, ensure_port_free, port_open
 
-PORT = 25104
+PORT = 11104
 KEYS = {"fence_counts", "points", "partitions", "per_point_cost_ratio", "bar", "meets_bar", "results",
         "redis", "machine", "command"}
 RESULT_KEYS = {"fences", "points", "region", "load", "redis_memory", "partitions", "cache", "match",

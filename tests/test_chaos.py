@@ -131,7 +131,7 @@ def test_api_killed_under_load(stack):
 
 
 # --- own stack with Redis replicas: (b) master failover, (d) broker down -------------------------
-HA_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "24092", "HERDFENCE_EMBEDDED_REDIS_PORT": "24101",
+HA_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "24092", "HERDFENCE_EMBEDDED_REDIS_PORT": "14101",
             "HERDFENCE_API_PORT": "24800"}
 
 

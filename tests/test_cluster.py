@@ -24,7 +24,7 @@ from tests.farmkit import Farm, square
 # The acceptance flow, unchanged: collected here again, so it runs on this module's cluster stack.
 from tests.test_flow import test_enter_query_exit_query, test_errors_and_tenancy  # noqa: F401
 
-CLUSTER_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "23092", "HERDFENCE_EMBEDDED_REDIS_PORT": "23101",
+CLUSTER_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "23092", "HERDFENCE_EMBEDDED_REDIS_PORT": "12101",
                  "HERDFENCE_API_PORT": "23800", "HERDFENCE_EMBEDDED_SPARK_PORT": "23077"}
 MASTER_UI = 23077 + 3
 pytestmark = pytest.mark.stack

@@ -16,8 +16,8 @@ from deploy.settings import REPORT_PARTITIONS, load_settings
 from deploy.supervisor import RestartPolicy, Supervisor
 
 HERDFENCE = str(Path(sys.executable).parent / "herdfence")
-PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "39092", "HERDFENCE_EMBEDDED_REDIS_PORT": "37101",
-         "HERDFENCE_API_PORT": "37180"}
+PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "15092", "HERDFENCE_EMBEDDED_REDIS_PORT": "15101",
+         "HERDFENCE_API_PORT": "15800"}
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_redis_cluster_three_masters_cover_all_slots(infra):
 
 
 def test_up_again_leaves_running_components_alone(infra):
-    pids = {n: procs.read_record(infra, n).pid for n in ("broker", "redis_37101")}
+    pids = {n: procs.read_record(infra, n).pid for n in ("broker", "redis_15101")}
     t0 = time.monotonic()
     assert broker.up(infra) is False
     redis_cluster.up(infra)
@@ -69,9 +69,9 @@ def test_up_again_leaves_running_components_alone(infra):
 
 
 def test_restarted_node_rejoins_without_recreate(infra):
-    procs.stop(infra, "redis_37102")
-    redis_cluster.up(infra)                   # starts only 37102, with its nodes.conf
-    info = redis_cluster.cluster_info(37102)
+    procs.stop(infra, "redis_15102")
+    redis_cluster.up(infra)                   # starts only 15102, with its nodes.conf
+    info = redis_cluster.cluster_info(15102)
     assert info["cluster_state"] == "ok" and int(info["cluster_known_nodes"]) == 3
 
 
@@ -79,7 +79,7 @@ def test_status_json_via_cli(infra, env):
     done = subprocess.run([HERDFENCE, "status", "--json"], env=env, capture_output=True, text=True, timeout=60)
     st = json.loads(done.stdout)
     comps = st["components"]
-    assert comps["broker"] == {"pid": procs.read_record(infra, "broker").pid, "port": 39092, "ok": True}
+    assert comps["broker"] == {"pid": procs.read_record(infra, "broker").pid, "port": 15092, "ok": True}
     assert comps["redis"]["ok"] is True and comps["redis"]["cluster_state"] == "ok"
     assert comps["job"]["ok"] is False and comps["api"]["ok"] is False     # not started here
     assert st["ok"] is False and done.returncode == 1
