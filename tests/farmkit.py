@@ -49,11 +49,11 @@ class Farm:
         assert resp.status_code == 200, resp.text
         return resp.json()["events"]
 
-    def wait_events(self, count: int, timeout: float = 60, **params) -> list[dict]:
+    def wait_events(self, count: int, timeout: float = 120, **params) -> list[dict]:
         return wait_for(lambda: (lambda e: e if len(e) >= count else None)(self.events(**params)),
                         timeout=timeout, what=f"{count} events {params}")
 
-    def wait_seen(self, device_id: str, ts: int, timeout: float = 60) -> dict:
+    def wait_seen(self, device_id: str, ts: int, timeout: float = 120) -> dict:
         """Until the device's latest processed report is the one at ts (the job caught up)."""
         from fencing.timeutil import iso
         return wait_for(lambda: (lambda d: d if d.get("ts") == iso(ts) else None)(
