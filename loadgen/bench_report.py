@@ -59,7 +59,7 @@ def write_report(docs: Path) -> Path:
         best = max(pulls, key=lambda x: x[1].get("queries_per_s", 0))[1]
         lines.append(f"| pull (queries) | {_fmt(best.get('queries_per_s'))} queries/s, p50 "
                      f"{best['latency_ms'].get('p50')} ms, p99 {best['latency_ms'].get('p99')} ms, errors "
-                     f"{best.get('errors')} (one API process) | {FENCEX['pull']} | {BARS['pull']} |")
+                     f"{best.get('errors')} (API: 2 uvicorn workers) | {FENCEX['pull']} | {BARS['pull']} |")
     lines.append("")
     if pushes:
         lines += ["## Push: reports → events, end to end", "",
