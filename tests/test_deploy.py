@@ -32,11 +32,13 @@ def infra(env):
     """Broker + 3-master Redis Cluster, started once for this module, stopped at the end."""
     settings = load_settings(env)
     t0 = time.monotonic()
-    assert broker.up(settings) is True            # a fresh broker was started
-    redis_cluster.up(settings)
-    print(f"broker + redis up in {time.monotonic() - t0:.1f} s")
-    yield settings
-    stack.down(settings)
+    try:                                          # whatever fails to start, stop what did start
+        assert broker.up(settings) is True        # a fresh broker was started
+        redis_cluster.up(settings)
+        print(f"broker + redis up in {time.monotonic() - t0:.1f} s")
+        yield settings
+    finally:
+        stack.down(settings)
 
 
 def test_topics_exist_with_partitions(infra):
