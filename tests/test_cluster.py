@@ -126,8 +126,10 @@ def test_add_a_worker_and_the_job_uses_it(stack):
         farm.report("cow-s0", (8.505, 47.005))     # keep micro-batches coming
         return False
     wait_for(used, timeout=60, interval=1.0, what=f"tasks on the new executor {newest}")
-    execs = json.loads(stack.redis.get("job:executors"))
-    assert len(execs["executor_ids"]) == 3 and execs["last_request"]["add"] == 1
+    # job:executors is republished every 2 s: wait for the view that includes the new executor
+    execs = wait_for(lambda: (lambda e: e if len(e["executor_ids"]) == 3 else None)(
+        json.loads(stack.redis.get("job:executors"))), timeout=30, what="job:executors with 3 executors")
+    assert execs["last_request"]["add"] == 1
 
     # the controller's other direction (deploy/scale.py through the job's RequestWatcher): give it back
     from deploy.scale import post_request
