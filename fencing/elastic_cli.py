@@ -222,7 +222,7 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
     from deploy import stack
     from deploy.procs import read_record
     from deploy.settings import load_settings
-    from fencing import elastic, keys, routing
+    from fencing import elastic, routing
     from fencing.redis_conn import cluster
     from loadgen.herd import simulate
     from loadgen.truth import expected_events, reconcile

@@ -7,6 +7,7 @@ then owns the device's state for the batch.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np

@@ -17,7 +17,7 @@ from pyspark import TaskContext
 
 from fencing import history, keys
 from fencing.fence_cache import process_cache
-from fencing.h3util import cell_to_str, parent
+from fencing.h3util import cell_to_str
 from fencing.prepare import KIND_REPORT
 from fencing.redis_conn import cluster
 from fencing.routing import RoutingTable, group_slot

@@ -37,6 +37,11 @@ class Pacer:
         self._admitted = 0
         self._lock = threading.Lock()
 
+    def set_rate(self, rate: float | None) -> None:
+        """Change the rate; pacing restarts from now."""
+        with self._lock:
+            self.rate, self._start, self._admitted = rate, time.perf_counter(), 0
+
     def admit(self, n: int) -> None:
         if not self.rate:
             return

@@ -30,6 +30,7 @@ import orjson
 import pandas as pd
 
 from loadgen.herd import SimConfig, simulate
+from loadgen.records import Pacer
 from loadgen.truth import expected_events, reconcile
 
 
@@ -68,26 +69,17 @@ class Pusher:
         self.cols = {c: reports[c].tolist() for c in ("device_id", "ts", "lat", "lon", "battery")}
         self.latencies: list[tuple[float, float]] = []    # (wall time, seconds)
         self.sent = self.failed = 0
-        self.rate = 0.0
+        self.pacer = Pacer(None)                           # None: as fast as possible (the probe)
         self.stop = threading.Event()
         self.laps_done = 0
         self._lock = threading.Lock()
-        self._start = time.perf_counter()
-        self._admitted = 0
+
+    @property
+    def rate(self) -> float:
+        return self.pacer.rate or 0.0
 
     def set_rate(self, rate: float) -> None:
-        with self._lock:
-            self.rate, self._start, self._admitted = rate, time.perf_counter(), 0
-
-    def _admit(self, n: int) -> None:
-        if not self.rate:
-            return
-        with self._lock:
-            due = self._start + self._admitted / self.rate
-            self._admitted += n
-        delay = due - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
+        self.pacer.set_rate(rate)
 
     def _worker(self, w: int, laps: int) -> None:
         c = self.cols
@@ -103,7 +95,7 @@ class Pusher:
                     body = orjson.dumps({"reports": [
                         {"device_id": c["device_id"][r], "ts": c["ts"][r] + shift, "lat": c["lat"][r],
                          "lon": c["lon"][r], "battery": c["battery"][r]} for r in part]})
-                    self._admit(len(part))
+                    self.pacer.admit(len(part))
                     for attempt in range(8):
                         t0 = time.perf_counter()
                         try:
