@@ -17,7 +17,7 @@ from pyspark import TaskContext
 
 from fencing import history, keys
 from fencing.fence_cache import process_cache
-from fencing.h3util import cell_to_str
+from fencing.h3util import cell_to_str, cells_for_points
 from fencing.prepare import KIND_REPORT
 from fencing.redis_conn import cluster
 from fencing.routing import RoutingTable, group_slot
@@ -213,7 +213,6 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
     """All writes of the task in one pipeline, batched per key: device state per home group, device
     locations per bucket, positions per farm, position index per cell, members per fence. Plain
     overwrites and set operations, so a replayed batch writes the same values again."""
-    from fencing.h3util import cells_for_points   # noqa: PLC0415 - keeps the import graph flat
     state_by_home: dict[str, dict[str, bytes]] = {}
     removed_by_old: dict[str, list[str]] = {}
     locations: dict[str, dict[str, str]] = {}
@@ -226,7 +225,7 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
     pos_cells = np.zeros(len(states), dtype=np.uint64)
     if has_position.any():
         rows = latest_row[has_position]
-        pos_cells[has_position] = cells_for_points(_col(devices, "lat", rows), _col(devices, "lon", rows),
+        pos_cells[has_position] = cells_for_points(np.asarray(devices.frame_lat)[rows], np.asarray(devices.frame_lon)[rows],
                                                    keys.POS_INDEX_RES)
     for d, (dkey, home, state) in enumerate(zip(devices.dkeys, devices.homes, states)):
         farm_id, _, device_id = dkey.partition("/")
@@ -284,6 +283,3 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
         pipe.hset(keys.members(farm_id, fence_id), mapping=mapping)
     pipe.execute()
 
-
-def _col(devices: DeviceBatch, name: str, rows: np.ndarray) -> np.ndarray:
-    return np.asarray(getattr(devices, f"frame_{name}"), dtype=np.float64)[rows]

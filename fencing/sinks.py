@@ -8,7 +8,6 @@ import orjson
 from fencing.timeutil import iso
 from fencing import keys
 
-RETENTION_MS = 8 * 24 * 3600 * 1000      # events are kept at least 7 days
 STREAM_MAXLEN = 100_000
 
 # A farm's events, each written only if its id is new, so a replayed batch adds nothing twice. One call

@@ -41,14 +41,8 @@ def push_plot(path: str | Path, beats: list[dict], t0: float, base: int, latenci
             v = np.percentile(latencies_ms, q) / 1000.0
             ax2.axvline(v, color="grey", ls=":", lw=1)
             ax2.text(v, 0.02 + (0.1 if q == 99 else 0), f" p{q} {v:.2f} s", fontsize=8)
-    ax2.set_xlabel("event latency: report produced → event visible (s)")
-    ax2.set_ylabel("fraction of events")
-    ax2.set_title("event latency CDF")
-    ax2.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(plt, fig, ax2, "event latency: report produced → event visible (s)", "fraction of events",
+            "event latency CDF", title, path)
 
 
 def pull_plot(path: str | Path, percentiles: dict[float, float], timeline: list[tuple[float, float]] | None,
@@ -66,10 +60,15 @@ def pull_plot(path: str | Path, percentiles: dict[float, float], timeline: list[
         qs = sorted(percentiles)
         ax2.plot([percentiles[q] for q in qs], [q / 100 for q in qs], marker=".")
         ax2.set_xscale("log")
-    ax2.set_xlabel("latency (ms)")
-    ax2.set_ylabel("fraction of queries")
-    ax2.set_title("latency CDF")
-    ax2.grid(alpha=0.3)
+    _finish(plt, fig, ax2, "latency (ms)", "fraction of queries", "latency CDF", title, path)
+
+
+def _finish(plt, fig, cdf_ax, xlabel: str, ylabel: str, cdf_title: str, title: str, path: str | Path) -> None:
+    """The latency-CDF panel's labels, then title, layout and the PNG: the same for every plot."""
+    cdf_ax.set_xlabel(xlabel)
+    cdf_ax.set_ylabel(ylabel)
+    cdf_ax.set_title(cdf_title)
+    cdf_ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
