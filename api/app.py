@@ -15,7 +15,8 @@ from fastapi.staticfiles import StaticFiles
 
 import asyncio
 
-from api import metrics, routes_fences, routes_query, routes_reports, webhooks
+from api import invalidation, metrics, routes_fences, routes_query, routes_reports, webhooks
+from api.fastpath import HotQueries
 from api.limits import BodySizeLimit
 from deploy.settings import load_settings
 
@@ -42,8 +43,10 @@ async def lifespan(app: FastAPI):
 
     app.state.producer = producer
     delivery = asyncio.create_task(webhooks.Deliverer(app.state.redis).run())
+    listener = asyncio.create_task(invalidation.listen(settings.redis_nodes))
     yield
     delivery.cancel()
+    listener.cancel()
     await app.state.aredis.aclose()
     if producer.cache_info().currsize:
         producer().close()
@@ -114,3 +117,8 @@ if (NODE_MODULES / "@geoman-io").exists():
 async def redis_down(request: Request, exc: ConnectionError) -> JSONResponse:
     return JSONResponse({"detail": "live state store unavailable, retry shortly"}, status_code=503,
                         headers={"Retry-After": "2"})
+
+
+# uvicorn serves `app`: the hot pull queries' short way in (api/fastpath.py), then FastAPI for the rest
+fastapi_app = app
+app = HotQueries(fastapi_app)

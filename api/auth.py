@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from fastapi import Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from api import limits
-from fencing import keys
+from api import invalidation, limits
+from fencing import keys, notify
 
 
 @dataclass(frozen=True)
@@ -32,18 +32,31 @@ def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 
-_CACHE_TTL_S = 5.0
+# Every pull query pays for auth and secrets change rarely, so each API worker caches secret → principal:
+# for a minute while the invalidation channel is live (a replaced token is published on it), else for
+# 5 s. An unknown secret is remembered for 2 s only, so a key is usable as soon as it is created.
+_KNOWN_TTL_S, _FALLBACK_TTL_S, _UNKNOWN_TTL_S = 60.0, 5.0, 2.0
 _cache: dict[str, tuple[float, Principal | None]] = {}
+invalidation.on(notify.AUTH, lambda _farms: _cache.clear())
+
+
+def _cached(digest: str, now: float) -> tuple[bool, Principal | None]:
+    """(still fresh, principal or None for an unknown secret); (False, None) when not cached."""
+    hit = _cache.get(digest)
+    if hit is None:
+        return False, None
+    ttl = invalidation.fresh_for(_KNOWN_TTL_S, _FALLBACK_TTL_S) if hit[1] is not None else _UNKNOWN_TTL_S
+    return now - hit[0] < ttl, hit[1]
 
 
 def resolve(redis, secret: str) -> Principal | None:
-    """Look the secret up by its hash (cached for a few seconds per API worker: every pull query
-    pays for auth, and keys change rarely); the stored hash is compared in constant time."""
+    """Look the secret up by its hash (cached per API worker, see above); the stored hash is compared
+    in constant time."""
     digest = hash_secret(secret)
     now = time.monotonic()
-    hit = _cache.get(digest)
-    if hit is not None and now - hit[0] < _CACHE_TTL_S:
-        return hit[1]
+    fresh, found = _cached(digest, now)
+    if fresh:
+        return found
     found = _lookup(redis, digest)
     if len(_cache) > 50_000:
         _cache.clear()
@@ -77,10 +90,8 @@ async def principal(request: Request) -> Principal:
     secret = bearer_secret(request)
     found = None
     if secret:
-        hit = _cache.get(hash_secret(secret))
-        if hit is not None and time.monotonic() - hit[0] < _CACHE_TTL_S:
-            found = hit[1]
-        else:
+        fresh, found = _cached(hash_secret(secret), time.monotonic())
+        if not fresh:
             found = await run_in_threadpool(resolve, request.app.state.redis, secret)
     if found is None:
         raise HTTPException(401, "missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})

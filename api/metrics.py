@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from api import answers, invalidation
 from fencing import keys
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -52,6 +53,17 @@ def render(redis) -> str:
         lines.append(f'herdfence_http_request_seconds_bucket{{le="{le}"}} {cumulative}')
     lines += [f"herdfence_http_request_seconds_sum {m.latency_sum:.6f}",
               f"herdfence_http_request_seconds_count {cumulative}"]
+    cache = answers.stats()
+    lines += ["# HELP herdfence_api_answer_cache_hits_total Pull answers served from this worker's cache.",
+              "# TYPE herdfence_api_answer_cache_hits_total counter",
+              f"herdfence_api_answer_cache_hits_total {cache['hits']}",
+              "# TYPE herdfence_api_answer_cache_misses_total counter",
+              f"herdfence_api_answer_cache_misses_total {cache['misses']}",
+              "# TYPE herdfence_api_answer_cache_entries gauge",
+              f"herdfence_api_answer_cache_entries {cache['entries']}",
+              "# HELP herdfence_api_invalidation_listening 1 while this worker hears change notices.",
+              "# TYPE herdfence_api_invalidation_listening gauge",
+              f"herdfence_api_invalidation_listening {int(invalidation.listening())}"]
     lines += _job_metrics(redis)
     return "\n".join(lines) + "\n"
 

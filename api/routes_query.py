@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Body, Depends, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
-from api import events, history, live, tenancy
+from api import answers, events, history, live, tenancy
 from api.auth import Principal, farm_principal, principal
 from api.errors import not_found, unprocessable
 from fencing.timeutil import iso, to_ms
-from fencing.geometry import FenceError, parse_fence_geometry
+from fencing.geometry import FenceError
 import anyio.from_thread
 import shapely
 
@@ -16,25 +16,23 @@ router = APIRouter(prefix="/v1", tags=["queries"])
 
 
 @router.get("/fences/{fence_id}/devices", summary="Devices inside the fence now")
-async def fence_devices(fence_id: str, request: Request, who: Principal = Depends(farm_principal)) -> dict:
-    devices = await live.fence_members(request.app.state.aredis, who.farm_id, fence_id)
-    if devices is None:
+async def fence_devices(fence_id: str, request: Request, who: Principal = Depends(farm_principal)) -> Response:
+    body = await answers.fence_devices(request.app.state.aredis, who.farm_id, fence_id)
+    if body is None:
         raise not_found("fence")
-    return {"fence_id": fence_id, "devices": devices}
+    return Response(body, media_type="application/json")
 
 
 @router.post("/query/within", summary="Devices whose latest position lies in an ad-hoc Polygon/MultiPolygon")
 async def query_within(request: Request, body: dict = Body(..., examples=[{"geometry": {
         "type": "Polygon", "coordinates": [[[8.5, 47.0], [8.6, 47.0], [8.6, 47.1], [8.5, 47.0]]]}}]),
-        who: Principal = Depends(farm_principal)) -> dict:
+        who: Principal = Depends(farm_principal)) -> Response:
     try:
-        geom = parse_fence_geometry(body.get("geometry") if isinstance(body, dict) else None)
+        answer = await answers.devices_within(request.app.state.aredis, who.farm_id,
+                                              body.get("geometry") if isinstance(body, dict) else None)
     except FenceError as err:
         raise unprocessable(str(err)) from None
-    found = await live.devices_within(request.app.state.aredis, who.farm_id, geom)
-    return {"fence_id": None, "devices": [
-        {"device_id": d, "lat": p["lat"], "lon": p["lon"], "ts": iso(p["ts"]), "inside_since": None}
-        for d, p in sorted(found.items())]}
+    return Response(answer, media_type="application/json")
 
 
 @router.get("/devices/{device_id}", summary="A device's latest position, fences and battery")

@@ -7,7 +7,7 @@ import time
 import orjson
 
 from api.auth import hash_secret, new_secret
-from fencing import keys
+from fencing import keys, notify
 
 DEVICE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 HERD = re.compile(r"^[\w .:-]{0,64}$")
@@ -37,6 +37,7 @@ def register_device(redis, farm_id: str, device_id: str, herd: str | None, with_
         old = record.get("token_hash")
         if old:
             redis.delete(keys.devtoken(old))
+            notify.auth_changed(redis)   # API workers drop the old token now
         record["token_hash"] = hash_secret(token)
         redis.set(keys.devtoken(record["token_hash"]), f"{farm_id}\t{device_id}")
     redis.hset(keys.farm_devices(farm_id), device_id, orjson.dumps(record))
@@ -123,4 +124,6 @@ def register_devices_bulk(redis, devices, with_tokens: bool = False, chunk: int 
             pipe.hset(keys.farm_devices(farm_id), mapping=mapping)
         pipe.hset(keys.DEVICE_REGISTRY, mapping={d: registry[d] for d in ids})
         pipe.execute()
+    if with_tokens:
+        notify.auth_changed(redis)   # tokens may have replaced older ones
     return tokens

@@ -74,6 +74,7 @@ def api_spec(settings: Settings) -> procs.ProcSpec:
     return procs.ProcSpec(
         name=API, argv=[sys.executable, "-m", "uvicorn", "api.app:app", "--host", "127.0.0.1",
                         "--port", port, "--timeout-graceful-shutdown", "3", "--no-access-log",
+                        "--http", "api.serving:NoDelayHTTP",
                         "--workers", os.environ.get("HERDFENCE_API_WORKERS", "2")],
         markers=["uvicorn", "api.app:app", f"--port {port}"], port=settings.api_port,
         port_env="HERDFENCE_API_PORT", env=settings_env(settings), cwd=os.getcwd())

@@ -10,7 +10,7 @@ import numpy as np
 import orjson
 import shapely
 
-from fencing import keys
+from fencing import keys, notify
 from fencing.geometry import FenceError, cover, groups_of, parse_fence_geometry
 from fencing.h3util import cell_to_str
 
@@ -135,6 +135,7 @@ def save_fence(redis, farm_id: str, fence_id: str, fence: ValidFence) -> dict:
     pipe.sadd(keys.farm_fences(farm_id), fence_id)
     pipe.srem(DELETED_FENCES, uid)
     pipe.execute()
+    notify.live_changed(redis, [farm_id])
     return feature
 
 
@@ -165,6 +166,7 @@ def delete_fence(redis, farm_id: str, fence_id: str) -> bool:
     pipe.srem(keys.farm_fences(farm_id), fence_id)
     pipe.delete(keys.members(farm_id, fence_id))
     pipe.execute()
+    notify.live_changed(redis, [farm_id])   # cached "who is inside" answers of the fence are gone
     return True
 
 
@@ -368,4 +370,5 @@ def save_fences_bulk(redis, farm_id: str | None, fences, chunk: int = 5_000) -> 
             pipe.sadd(keys.farm_fences(farm), *[key.rsplit(":", 1)[1] for key in docs])
         pipe.srem(DELETED_FENCES, *uids)
         pipe.execute()
+        notify.live_changed(redis, farm_docs)
     return saved

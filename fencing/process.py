@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 from pyspark import TaskContext
 
-from fencing import history, keys
+from fencing import history, keys, notify
 from fencing.fence_cache import process_cache
 from fencing.h3util import cell_to_str, cells_for_points
 from fencing.prepare import KIND_REPORT
@@ -282,4 +282,6 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
     for (farm_id, fence_id), mapping in entered.items():
         pipe.hset(keys.members(farm_id, fence_id), mapping=mapping)
     pipe.execute()
+    # after the writes: API workers drop their cached answers for these farms
+    notify.live_changed(redis, set(positions) | {farm for farm, _ in entered} | {farm for farm, _ in exited})
 

@@ -1,0 +1,79 @@
+"""The two hot pull queries, rendered to JSON bytes and cached per API worker until the farm changes.
+
+"Who is inside this paddock?" is asked far more often than the answer changes: a collar reports every
+few minutes, dashboards poll every few seconds. So a worker keeps each rendered answer until a change
+notice for its farm arrives (fencing/notify.py: the job's tasks publish the farms they wrote after each
+micro-batch, fence edits publish their farm). Answers are cached only while the worker hears notices,
+and a per-farm generation stops an answer computed before a notice from being stored after it.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import orjson
+
+from api import invalidation, live
+from fencing import notify
+from fencing.geometry import parse_fence_geometry
+from fencing.timeutil import iso
+
+MAX_ENTRIES = 50_000          # per worker; past it the cache starts over (answers are a few KB at most)
+
+_answers: dict[str, dict[tuple[str, bytes | str], bytes]] = {}
+_generation: defaultdict[str, int] = defaultdict(int)
+_stats = {"hits": 0, "misses": 0}
+
+
+def _drop(farms: list[str] | None) -> None:
+    for farm_id in list(_answers) if farms is None else farms:
+        _answers.pop(farm_id, None)
+        _generation[farm_id] += 1
+
+
+invalidation.on(notify.LIVE, _drop)
+
+
+def stats() -> dict[str, int]:
+    return {**_stats, "entries": sum(len(v) for v in _answers.values())}
+
+
+def _get(farm_id: str, key) -> bytes | None:
+    body = _answers.get(farm_id, {}).get(key) if invalidation.listening() else None
+    _stats["hits" if body is not None else "misses"] += 1
+    return body
+
+
+def _put(farm_id: str, key, body: bytes, generation: int) -> None:
+    if not invalidation.listening() or _generation[farm_id] != generation:
+        return   # a notice came while we read: this answer may already be stale
+    if sum(len(v) for v in _answers.values()) >= MAX_ENTRIES:
+        _answers.clear()
+    _answers.setdefault(farm_id, {})[key] = body
+
+
+async def fence_devices(aredis, farm_id: str, fence_id: str) -> bytes | None:
+    """GET /v1/fences/{fence_id}/devices as JSON bytes; None when the farm has no such fence."""
+    key = ("fence", fence_id)
+    body = _get(farm_id, key)
+    if body is None:
+        generation = _generation[farm_id]
+        devices = await live.fence_members(aredis, farm_id, fence_id)
+        if devices is None:
+            return None
+        body = orjson.dumps({"fence_id": fence_id, "devices": devices})
+        _put(farm_id, key, body, generation)
+    return body
+
+
+async def devices_within(aredis, farm_id: str, geometry) -> bytes:
+    """POST /v1/query/within as JSON bytes; FenceError when the geometry is not a valid area."""
+    key = ("within", orjson.dumps(geometry, option=orjson.OPT_SORT_KEYS))
+    body = _get(farm_id, key)
+    if body is None:
+        generation = _generation[farm_id]
+        found = await live.devices_within(aredis, farm_id, parse_fence_geometry(geometry))
+        body = orjson.dumps({"fence_id": None, "devices": [
+            {"device_id": d, "lat": p["lat"], "lon": p["lon"], "ts": iso(p["ts"]), "inside_since": None}
+            for d, p in sorted(found.items())]})
+        _put(farm_id, key, body, generation)
+    return body
