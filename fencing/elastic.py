@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from fencing import keys, routing, slots
 
-MIGRATE_SLOTS = os.environ.get("HERDFENCE_MIGRATE_SLOTS", "0") not in ("0", "false", "no", "")
+MIGRATE_SLOTS = os.environ.get("HERDFENCE_MIGRATE_SLOTS", "1") not in ("0", "false", "no", "")
 log = logging.getLogger("herdfence.elastic")
 
 STATUS_KEY = "elastic:status"        # JSON: routing version, last window, decisions, totals
@@ -354,10 +354,16 @@ class Controller:
             slot = routing.group_slot(g)
             if table.nodes[int(table.slot_node[slot])] != target:
                 slot_moves[slot] = target
-        # Live slot migration is off by default: under back-to-back moves we saw a config-epoch race
-        # leave a slot owned by no master (keys lost, clients in a MOVED loop). Routing-only moves
-        # are always safe; the moved groups then cost cross-node calls until slots are moved offline.
-        migrated = slots.migrate_slots(self.redis, slot_moves) if MIGRATE_SLOTS else []
+        # Live slot migration (HERDFENCE_MIGRATE_SLOTS=0 turns it off: routing-only moves, the moved groups
+        # then cost cross-node calls). A failed move leaves its slot consistent (fencing.slots), so the
+        # routing is published anyway: routing does not depend on where a slot lives.
+        migrated, slot_error = [], None
+        if MIGRATE_SLOTS:
+            try:
+                migrated = slots.migrate_slots(self.redis, slot_moves)
+            except slots.SlotMigrationError as exc:
+                slot_error = str(exc)
+                log.warning("elastic: slot migration stopped: %s", exc)
         new = table.evolve(routes=result.routes, splits=result.splits, moved=result.moved_groups, shed=shed)
         routing.publish(self.redis, new)
         execute_ms = round(1000 * (time.perf_counter() - started), 1)
@@ -368,7 +374,7 @@ class Controller:
                     "why": f"max/mean {imbalance:.2f} > {self.config().trigger}",
                     "imbalance": round(imbalance, 3), "predicted": round(predicted, 3),
                     "planner": self.config().planner, "moves": result.moves[:100], "n_moves": len(result.moves),
-                    "split": result.split, "merged": result.merged, "slots": migrated,
+                    "split": result.split, "merged": result.merged, "slots": migrated, "slot_error": slot_error,
                     "execute_ms": execute_ms, "stall_ms": None}
         self.pending_stall = decision       # stall_ms is filled in by the next beat (see observe)
         self._decide(decision)
@@ -464,11 +470,8 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
     cache.refresh(redis, groups)
     boundary: set[int] = set()
     interior: dict[int, set[str]] = {}
-    for uid, per_group in cache._cells.items():            # noqa: SLF001 - same package
-        for g in groups:
-            cells = per_group.get(g)
-            if cells is None:
-                continue
+    for g in groups:
+        for uid, cells in cache.cells_of(g).items():
             boundary.update(cells[1].tolist())
             for c in cells[0].tolist():
                 interior.setdefault(c, set()).add(uid)

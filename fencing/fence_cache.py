@@ -2,6 +2,11 @@
 
 Each group's fences are read only from the Redis node that owns the group's slot (one HGETALL per
 changed group); unchanged groups cost one GET of their version per batch, pipelined per node.
+
+One FenceIndex per group (the shard of the Amoeba design): loading or changing a group rebuilds only
+that group's pair table, and a point is matched only against its own group's fences, so neither the
+cost of a batch nor the per-point cost grows with the number of fences the worker has cached. A fence
+that spans several groups is in each of them with that group's cells only (one geometry, shared).
 """
 from __future__ import annotations
 
@@ -9,27 +14,33 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
+import pandas as pd
 import shapely
 
 from fencing import keys
 from fencing.fence_store import FenceRules
+from fencing.h3util import cells_to_strs, parent
 from fencing.membership import FenceIndex
 
 
 @dataclass
-class _Loaded:
+class _Group:
     version: int
-    records: dict[str, dict]          # uid → group record (that group's cells only)
+    index: FenceIndex
+    cells: dict[str, tuple[np.ndarray, np.ndarray]]    # uid → (interior, boundary) cells in this group
 
 
 @dataclass
 class FenceCache:
-    groups: dict[str, _Loaded] = field(default_factory=dict)
-    index: FenceIndex = field(default_factory=FenceIndex)
+    groups: dict[str, _Group] = field(default_factory=dict)
     rules: dict[str, FenceRules] = field(default_factory=dict)
     fence_farm: dict[str, str] = field(default_factory=dict)
-    _cells: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)  # uid → group → cells
     _geoms: dict[str, tuple[int, shapely.Geometry]] = field(default_factory=dict)
+    _holders: dict[str, set[str]] = field(default_factory=dict)    # uid → groups that hold it
+
+    def __len__(self) -> int:
+        """Fences cached."""
+        return len(self._geoms)
 
     def refresh(self, redis, groups: list[str]) -> int:
         """Bring the given groups up to date; returns the number of Redis commands sent."""
@@ -52,36 +63,57 @@ class FenceCache:
     def invalidate(self, groups: list[str]) -> None:
         """Forget groups (the elastic controller moved them): the next batch reloads them."""
         for group in groups:
-            loaded = self.groups.pop(group, None)
-            if loaded:
+            if group in self.groups:
                 self._replace_group(group, -1, {})
-                self.groups.pop(group, None)
+                del self.groups[group]
+
+    def cells_of(self, group: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """uid → (interior, boundary) cells of the group's fences (empty when not cached)."""
+        loaded = self.groups.get(group)
+        return loaded.cells if loaded else {}
+
+    def match(self, lon: np.ndarray, lat: np.ndarray, cells: np.ndarray,
+              groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """All (point, fence uid) pairs with the point inside the fence, in point order (as
+        FenceIndex.match), each point tested against its own group's index only. `groups`: the group
+        name of each point when the caller has it (else derived from the cells)."""
+        cells = np.asarray(cells, dtype=np.uint64)
+        lon, lat = np.asarray(lon, np.float64), np.asarray(lat, np.float64)
+        if groups is None:
+            groups = np.array(cells_to_strs(parent(cells, keys.GROUP_RES)), dtype=object)
+        codes, names = pd.factorize(np.asarray(groups, dtype=object))
+        order = np.argsort(codes, kind="stable")
+        starts = np.searchsorted(codes[order], np.arange(len(names) + 1))
+        points, uids = [np.empty(0, np.int64)], [np.empty(0, object)]
+        for k, name in enumerate(names):
+            loaded = self.groups.get(name)
+            if loaded is None or not len(loaded.index):
+                continue
+            idx = order[starts[k]:starts[k + 1]]
+            p, u = loaded.index.match(lon[idx], lat[idx], cells[idx])
+            points.append(idx[p])
+            uids.append(u)
+        point, uid = np.concatenate(points), np.concatenate(uids)
+        by_point = np.argsort(point, kind="stable")
+        return point[by_point], uid[by_point]
 
     def _replace_group(self, group: str, version: int, records: dict[str, dict]) -> None:
         before = self.groups.get(group)
-        touched = set(records) | (set(before.records) if before else set())
-        self.groups[group] = _Loaded(version, records)
-        for uid in touched:
-            per_group = self._cells.setdefault(uid, {})
-            record = records.get(uid)
-            if record is None:
-                per_group.pop(group, None)
-            else:
-                per_group[group] = (np.asarray(record["interior"], dtype=np.uint64),
-                                    np.asarray(record["boundary"], dtype=np.uint64))
-            if not per_group:
-                self._cells.pop(uid, None)
-                self._geoms.pop(uid, None)
-                self.rules.pop(uid, None)
-                self.fence_farm.pop(uid, None)
-                self.index.remove(uid)
-                continue
-            if record is not None:
-                self._remember(uid, record)
-            geom = self._geoms[uid][1]
-            interior = np.concatenate([c[0] for c in per_group.values()])
-            boundary = np.concatenate([c[1] for c in per_group.values()])
-            self.index.upsert(uid, geom, interior, boundary)
+        index, cells = FenceIndex(), {}
+        for uid, record in records.items():
+            self._remember(uid, record)
+            interior = np.asarray(record["interior"], dtype=np.uint64)
+            boundary = np.asarray(record["boundary"], dtype=np.uint64)
+            index.upsert(uid, self._geoms[uid][1], interior, boundary)
+            cells[uid] = (interior, boundary)
+            self._holders.setdefault(uid, set()).add(group)
+        self.groups[group] = _Group(version, index, cells)
+        for uid in set(before.cells) - set(records) if before else ():
+            holders = self._holders.get(uid, set())
+            holders.discard(group)
+            if not holders:          # no cached group holds the fence any more
+                for known in (self._holders, self._geoms, self.rules, self.fence_farm):
+                    known.pop(uid, None)
 
     def _remember(self, uid: str, record: dict) -> None:
         known = self._geoms.get(uid)

@@ -83,6 +83,7 @@ class BatchProcessor:
         else:
             stage = lambda it: process_partition(proc, it)   # noqa: E731
         rows = prepared.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).collect()
+        spark_s = time.time() - started
         events, dead, pings, stats = [], [], [], []
         for row in rows:
             if row.kind == OUT_KIND_EVENT:
@@ -94,9 +95,10 @@ class BatchProcessor:
             elif row.kind == OUT_KIND_STATS:
                 stats.append(orjson.loads(row.payload))
         self.sinks.write(f"{self.run_id}:{batch_id}", events, dead, pings)
-        self._heartbeat(batch_id, table.version, started, events, dead, stats)
+        timing = {"spark_s": round(spark_s, 3), "sinks_s": round(time.time() - started - spark_s, 3)}
+        self._heartbeat(batch_id, table.version, started, events, dead, stats, timing)
 
-    def _heartbeat(self, batch_id, routing_version, started, events, dead, stats) -> None:
+    def _heartbeat(self, batch_id, routing_version, started, events, dead, stats, timing=None) -> None:
         points = sum(s.get("points", 0) for s in stats)
         self.totals["events"] += len(events)
         self.totals["dead"] += len(dead)
@@ -111,7 +113,7 @@ class BatchProcessor:
                 "events_total": self.totals["events"], "dead_letters_total": self.totals["dead"],
                 "points_total": self.totals["points"], "redis_local_total": self.totals["redis_local"],
                 "redis_cross_total": self.totals["redis_cross"], "shed": shed, "shed_total": self.totals["shed"],
-                "lag": self._lag()}
+                "lag": self._lag(), **(timing or {})}
         self.redis.set(keys.JOB_HEARTBEAT, orjson.dumps(beat))
         self.redis.lpush(keys.JOB_HEARTBEAT + ":log", orjson.dumps(beat))   # recent beats (elastic scenario)
         self.redis.ltrim(keys.JOB_HEARTBEAT + ":log", 0, 4999)

@@ -95,15 +95,19 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
 
     cache = process_cache()
     groups = sorted(frame["grp"].unique())
+    clock = _Stopwatch()
     cache.refresh(redis, groups)
+    clock.lap("refresh")
     for group in groups:
         counter.count(group)
-    point_idx, uids = cache.index.match(frame["lon"].to_numpy(), frame["lat"].to_numpy(), cells)
+    point_idx, uids = cache.match(frame["lon"].to_numpy(), frame["lat"].to_numpy(), cells,
+                                  frame["grp"].to_numpy(dtype=object))
     if len(point_idx):   # tenancy: a farm's devices are tested against that farm's fences only
         fence_farm = np.array([cache.fence_farm.get(u, "") for u in uids], dtype=object)
         own = fence_farm == frame["farm_id"].to_numpy(dtype=object)[point_idx]
         point_idx, uids = point_idx[own], uids[own]
     matched = _matched_sets(len(frame), point_idx, uids)
+    clock.lap("match")
 
     # the device's home group for this batch = group of its last report (same rule as the router)
     dkey_col = frame["dkey"].to_numpy()
@@ -111,6 +115,7 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     ends = np.r_[bounds[1:], len(frame)]
     devices = DeviceBatch(dkeys=dkey_col[bounds].tolist(), homes=frame["grp"].to_numpy()[ends - 1].tolist())
     _read_states(redis, ctx.version, devices, counter)
+    clock.lap("read_state")
 
     ts, lat, lon = frame["ts"].tolist(), frame["lat"].tolist(), frame["lon"].tolist()
     devices.frame_ts, devices.frame_lat, devices.frame_lon = ts, lat, lon
@@ -128,12 +133,27 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
                 state.battery = float(battery[lo + done.last])
         events += done.events
         states.append(state)
+    clock.lap("advance")
     _write_all(redis, ctx.version, devices, states, latest_row, events, counter)
+    clock.lap("write")
     group_points = Counter(frame["grp"].tolist())
     stats = {"partition": partition, "points": len(frame), "devices": len(devices.dkeys),
              "groups": dict(group_points), "redis_local": counter.local, "redis_cross": counter.cross,
-             "fences_cached": len(cache.index)}
+             "fences_cached": len(cache), "stage_s": clock.laps}
     return events, stats
+
+
+class _Stopwatch:
+    """Seconds spent per step of the task (reported in the stats row: where a batch's time goes)."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 4)
+        self._last = now
 
 
 @dataclass

@@ -4,6 +4,7 @@ events → Redis (per farm: hash + time index + live stream, each event written 
 from __future__ import annotations
 
 import orjson
+from redis.exceptions import RedisError
 
 from fencing.timeutil import iso
 from fencing import keys
@@ -36,6 +37,7 @@ class Sinks:
     def __init__(self, redis, producer):
         self.redis, self.producer = redis, producer
         self.add_events = redis.register_script(_ADD_EVENTS)
+        redis.script_load(_ADD_EVENTS)              # on every master: the pipelined EVALSHA needs it
 
     def write(self, batch_id: str, events: list[dict], dead_letters: list[str], pings: list[str]) -> int:
         """`batch_id` is the run-qualified batch version. Returns how many events were new to Redis."""
@@ -54,22 +56,50 @@ class Sinks:
         return len(new)
 
     def _add_to_redis(self, events: list[dict]) -> list[dict]:
-        """Each event into its farm's log unless its id is there already; returns the new ones."""
+        """Each event into its farm's log unless its id is there already; returns the new ones.
+        One script call per farm (bounded chunks), pipelined per master: a batch touching thousands
+        of farms costs one round trip per node, not one per farm."""
         by_farm: dict[str, list[dict]] = {}
         for event in events:
             by_farm.setdefault(event["farm_id"], []).append(event)
-        new = []
+        calls: list[tuple[list[dict], list[str], list]] = []
         for farm_id, farm_events in by_farm.items():
-            for start in range(0, len(farm_events), 2000):     # bounded script calls
+            for start in range(0, len(farm_events), 2000):
                 chunk = farm_events[start:start + 2000]
                 args: list = [STREAM_MAXLEN]
                 for event in chunk:
                     args += [event["event_id"], orjson.dumps(public_event(event)), event["ts"]]
-                flags = self.add_events(keys=[keys.event_data(farm_id), keys.events(farm_id),
-                                              keys.event_stream(farm_id)], args=args)
-                new += [e for e, flag in zip(chunk, flags) if flag]
+                calls.append((chunk, [keys.event_data(farm_id), keys.events(farm_id), keys.event_stream(farm_id)], args))
+        if not calls:
+            return []
+        answers = self._run_scripts(calls)
+        new = [e for (chunk, _, _), flags in zip(calls, answers) for e, flag in zip(chunk, flags) if flag]
         new.sort(key=lambda e: (e["ts"], e["event_id"]))
         return new
+
+    def _run_scripts(self, calls) -> list[list[int]]:
+        """The script calls pipelined per master (redis-py's cluster pipeline refuses EVALSHA). Any
+        error — a slot that moved, a master that failed over, a node without the script — and the
+        calls are made again one by one through the cluster client, which follows redirects and
+        reloads the script; HSETNX keeps events written by the first attempt single."""
+        by_node: dict[str, list[int]] = {}
+        nodes = {}
+        for i, (_, script_keys, _) in enumerate(calls):
+            node = self.redis.nodes_manager.get_node_from_slot(self.redis.keyslot(script_keys[0]))
+            nodes[node.name] = node
+            by_node.setdefault(node.name, []).append(i)
+        answers: list = [None] * len(calls)
+        try:
+            for name, indices in by_node.items():
+                pipe = nodes[name].redis_connection.pipeline(transaction=False)
+                for i in indices:
+                    _, script_keys, args = calls[i]
+                    pipe.evalsha(self.add_events.sha, len(script_keys), *script_keys, *args)
+                for i, flags in zip(indices, pipe.execute()):
+                    answers[i] = flags
+        except RedisError:
+            answers = [self.add_events(keys=script_keys, args=args) for _, script_keys, args in calls]
+        return answers
 
     def write_once(self, events: list[dict]) -> int:
         """Events outside any batch (the silent scanner): Kafka gets only those new to Redis."""

@@ -63,7 +63,7 @@ def vectorized_limit_points_per_s(fences, lon: np.ndarray, lat: np.ndarray, repe
 def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, fences_per_farm: int = 12,
          progress: bool = True, plot: bool = True, command: str = "", keep_stack: bool = False) -> dict:
     from loadgen import plots
-    from loadgen.bench_load import load_simulation, read_events, stream_and_wait
+    from loadgen.bench_load import handled, load_simulation, read_events, stream_and_wait
     from loadgen.herd import SimConfig, simulate
     from loadgen.truth import expected_events, reconcile
 
@@ -95,7 +95,8 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         stack_info = stack.describe()
 
     seconds = (t_done - t_first) if t_done else None
-    processed = (sampler.beats[-1]["points_total"] - base) if sampler.beats else 0
+    processed = (handled(sampler.beats[-1]) - base) if sampler.beats else 0
+    shed = sum(int(b.get("shed", 0)) for b in sampler.beats)     # dropped by load shedding (never event-relevant)
     pps = points / seconds if seconds else 0.0
 
     # latency: match each event to the report that confirmed it (device, ts)
@@ -134,7 +135,7 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         # beyond the contract
         "observed_events": rec["observed"], "unexpected_events": rec["unexpected"],
         "latency_matched_events": int(len(lat_ms)),
-        "processed_points": int(processed), "seconds": round(seconds, 3) if seconds else None,
+        "processed_points": int(processed), "shed_points": shed, "seconds": round(seconds, 3) if seconds else None,
         "completed": t_done is not None,
         "produce": {k: v for k, v in wstats.as_dict().items()},
         "batches": len(in_run),

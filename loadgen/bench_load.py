@@ -119,6 +119,12 @@ class HeartbeatSampler(threading.Thread):
         self.join(5)
 
 
+def handled(beat: dict) -> int:
+    """Reports the job is done with: processed, or shed under load (elastic load shedding drops only
+    reports that cannot change any fence state; they are counted apart, not lost)."""
+    return int(beat.get("points_total", 0)) + int(beat.get("shed_total", 0))
+
+
 def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_timeout_s: float = 180.0):
     """Produce `reports` (already renamed to real device ids) as fast as possible and wait until the
     job's heartbeat has counted them all. Returns (write stats, first produce wall time (s), done wall
@@ -126,7 +132,7 @@ def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_t
     from loadgen.kafka_writer import write_reports
 
     redis = stack.redis
-    base = (read_heartbeat(redis) or {}).get("points_total", 0)
+    base = handled(read_heartbeat(redis) or {})
     sampler = HeartbeatSampler(redis)
     sampler.start()
     target = base + len(reports)
@@ -138,7 +144,7 @@ def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_t
     last_progress, last_total = time.time(), base
     while True:
         beat = sampler.latest or {}
-        total = beat.get("points_total", 0)
+        total = handled(beat)
         if total < last_total:       # the job restarted: its counters began again
             say("the job's counters went backwards (restart?); counting from the new total")
             base, target = total - (last_total - base), total - (last_total - base) + len(reports)

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import numpy as np
 
+from loadgen.bench_load import handled
+
 
 def _plt():
     import matplotlib
@@ -20,7 +22,7 @@ def push_plot(path: str | Path, beats: list[dict], t0: float, base: int, latenci
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     if len(beats) >= 1:
         t = np.r_[0.0, np.array([b["time"] for b in beats]) - t0]
-        pts = np.r_[0.0, np.array([b["points_total"] for b in beats], dtype=float) - base]
+        pts = np.r_[0.0, np.array([handled(b) for b in beats], dtype=float) - base]
         rate = np.diff(pts) / np.maximum(np.diff(t), 1e-3)
         ax1.step(t[1:], rate / 1e3, where="pre", label="processed by the job (heartbeats)")
         ax1b = ax1.twinx()

@@ -91,8 +91,8 @@ def test_match_agrees_with_limit_through_cache(private_redis_only):
         groups = sorted({g for v in validate_features_bulk([f.geojson for f in sim.fences]) for g in v.groups})
         cache = FenceCache()
         cache.refresh(redis, groups)
-        assert len(cache.index) == len(sim.fences)
-        point, uid = cache.index.match(lon, lat, cells_for_points(lat, lon, FENCE_RES))
+        assert len(cache) == len(sim.fences)
+        point, uid = cache.match(lon, lat, cells_for_points(lat, lon, FENCE_RES))
     lp, lf = vectorized_limit([f.geometry for f in sim.fences], lon, lat)
     uids = [fence_uid(f.farm_id, f.fence_id) for f in sim.fences]
     assert sorted(zip(point.tolist(), uid.tolist())) == sorted(zip(lp.tolist(), [uids[i] for i in lf]))
