@@ -5,6 +5,7 @@ few minutes, dashboards poll every few seconds. So a worker keeps each rendered 
 notice for its farm arrives (fencing/notify.py: the job's tasks publish the farms they wrote after each
 micro-batch, fence edits publish their farm). Answers are cached only while the worker hears notices,
 and a per-farm generation stops an answer computed before a notice from being stored after it.
+A client that sends `Cache-Control: no-cache` gets an answer read from Redis for its request.
 """
 from __future__ import annotations
 
@@ -33,12 +34,16 @@ def _drop(farms: list[str] | None) -> None:
 invalidation.on(notify.LIVE, _drop)
 
 
+def wants_fresh(cache_control: str) -> bool:
+    return "no-cache" in cache_control.lower()
+
+
 def stats() -> dict[str, int]:
     return {**_stats, "entries": sum(len(v) for v in _answers.values())}
 
 
-def _get(farm_id: str, key) -> bytes | None:
-    body = _answers.get(farm_id, {}).get(key) if invalidation.listening() else None
+def _get(farm_id: str, key, fresh: bool) -> bytes | None:
+    body = _answers.get(farm_id, {}).get(key) if invalidation.listening() and not fresh else None
     _stats["hits" if body is not None else "misses"] += 1
     return body
 
@@ -51,10 +56,11 @@ def _put(farm_id: str, key, body: bytes, generation: int) -> None:
     _answers.setdefault(farm_id, {})[key] = body
 
 
-async def fence_devices(aredis, farm_id: str, fence_id: str) -> bytes | None:
-    """GET /v1/fences/{fence_id}/devices as JSON bytes; None when the farm has no such fence."""
+async def fence_devices(aredis, farm_id: str, fence_id: str, fresh: bool = False) -> bytes | None:
+    """GET /v1/fences/{fence_id}/devices as JSON bytes; None when the farm has no such fence.
+    `fresh`: the client sent `Cache-Control: no-cache` — read Redis whatever the cache holds."""
     key = ("fence", fence_id)
-    body = _get(farm_id, key)
+    body = _get(farm_id, key, fresh)
     if body is None:
         generation = _generation[farm_id]
         devices = await live.fence_members(aredis, farm_id, fence_id)
@@ -65,10 +71,10 @@ async def fence_devices(aredis, farm_id: str, fence_id: str) -> bytes | None:
     return body
 
 
-async def devices_within(aredis, farm_id: str, geometry) -> bytes:
+async def devices_within(aredis, farm_id: str, geometry, fresh: bool = False) -> bytes:
     """POST /v1/query/within as JSON bytes; FenceError when the geometry is not a valid area."""
     key = ("within", orjson.dumps(geometry, option=orjson.OPT_SORT_KEYS))
-    body = _get(farm_id, key)
+    body = _get(farm_id, key, fresh)
     if body is None:
         generation = _generation[farm_id]
         found = await live.devices_within(aredis, farm_id, parse_fence_geometry(geometry))

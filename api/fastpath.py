@@ -46,7 +46,8 @@ class HotQueries:
         body = None
         if farm_id is not None:
             try:
-                body = await answers.fence_devices(self.app.state.aredis, farm_id, fence_id)
+                body = await answers.fence_devices(self.app.state.aredis, farm_id, fence_id,
+                                                   answers.wants_fresh(_header(scope, b"cache-control")))
             except Exception:  # noqa: BLE001 - FastAPI answers again and maps the error
                 body = None
         if body is None:
@@ -72,7 +73,8 @@ class HotQueries:
         try:
             request = orjson.loads(raw)
             if isinstance(request, dict):
-                answer = await answers.devices_within(self.app.state.aredis, farm_id, request.get("geometry"))
+                answer = await answers.devices_within(self.app.state.aredis, farm_id, request.get("geometry"),
+                                                      answers.wants_fresh(_header(scope, b"cache-control")))
         except Exception:  # noqa: BLE001 - invalid JSON or geometry, Redis trouble: FastAPI says why
             answer = None
         if answer is None:

@@ -17,7 +17,8 @@ router = APIRouter(prefix="/v1", tags=["queries"])
 
 @router.get("/fences/{fence_id}/devices", summary="Devices inside the fence now")
 async def fence_devices(fence_id: str, request: Request, who: Principal = Depends(farm_principal)) -> Response:
-    body = await answers.fence_devices(request.app.state.aredis, who.farm_id, fence_id)
+    body = await answers.fence_devices(request.app.state.aredis, who.farm_id, fence_id,
+                                       answers.wants_fresh(request.headers.get("cache-control", "")))
     if body is None:
         raise not_found("fence")
     return Response(body, media_type="application/json")
@@ -29,7 +30,8 @@ async def query_within(request: Request, body: dict = Body(..., examples=[{"geom
         who: Principal = Depends(farm_principal)) -> Response:
     try:
         answer = await answers.devices_within(request.app.state.aredis, who.farm_id,
-                                              body.get("geometry") if isinstance(body, dict) else None)
+                                              body.get("geometry") if isinstance(body, dict) else None,
+                                              answers.wants_fresh(request.headers.get("cache-control", "")))
     except FenceError as err:
         raise unprocessable(str(err)) from None
     return Response(answer, media_type="application/json")

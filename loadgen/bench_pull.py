@@ -24,6 +24,7 @@ function init(args)
   for line in io.lines("@REQS@") do
     local m, p, k, b = line:match("^(%S+)\t(%S+)\t(%S+)\t(.*)$")
     local h = {["Authorization"] = "Bearer " .. k}
+    if @NOCACHE@ then h["Cache-Control"] = "no-cache" end
     if m == "POST" then h["Content-Type"] = "application/json" else b = nil end
     n = n + 1
     reqs[n] = wrk.format(m, p, h, b)
@@ -75,7 +76,9 @@ def build_requests(sim, loaded, n: int = 4_000, seed: int = 0) -> list[tuple[str
 
 
 def run(base_url: str, requests: list, seconds: float, connections: int, client: str = "auto",
-        progress: bool = True) -> dict:
+        progress: bool = True, no_cache: bool = False) -> dict:
+    """`no_cache`: every request says `Cache-Control: no-cache`, so each answer is read from Redis
+    (the API's per-worker answer cache is bypassed): the cost of a query when the herd keeps moving."""
     # a quick check that every kind of request works before measuring
     import httpx
     with httpx.Client(base_url=base_url, timeout=30) as c:
@@ -86,16 +89,17 @@ def run(base_url: str, requests: list, seconds: float, connections: int, client:
                 say(f"warning: {m} {p} answered {r.status_code}: {r.text[:200]}")
     use_wrk = client == "wrk" or (client == "auto" and shutil.which("wrk"))
     if use_wrk:
-        return _run_wrk(base_url, requests, seconds, connections)
-    return asyncio.run(_run_httpx(base_url, requests, seconds, connections, progress))
+        return _run_wrk(base_url, requests, seconds, connections, no_cache)
+    return asyncio.run(_run_httpx(base_url, requests, seconds, connections, progress, no_cache))
 
 
-def _run_wrk(base_url: str, requests: list, seconds: float, connections: int) -> dict:
+def _run_wrk(base_url: str, requests: list, seconds: float, connections: int, no_cache: bool = False) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="herdfence-wrk-"))
     reqs, out, script = tmp / "requests.tsv", tmp / "out.json", tmp / "mix.lua"
     reqs.write_text("".join(f"{m}\t{p}\t{k}\t{b}\n" for m, p, k, b in requests))
     script.write_text(_LUA.replace("@REQS@", str(reqs)).replace("@OUT@", str(out))
-                      .replace("@PCTS@", ", ".join(str(q) for q in PERCENTILES)))
+                      .replace("@PCTS@", ", ".join(str(q) for q in PERCENTILES))
+                      .replace("@NOCACHE@", "true" if no_cache else "false"))
     cmd = ["wrk", "-t1", f"-c{connections}", f"-d{int(round(seconds))}s", "--timeout", "5s", "-s", str(script), base_url]
     say("running " + " ".join(cmd))
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
@@ -110,7 +114,8 @@ def _run_wrk(base_url: str, requests: list, seconds: float, connections: int) ->
             "percentiles": pct, "error_detail": {k: res[k] for k in ("connect", "read", "write", "status", "timeout")}}
 
 
-async def _run_httpx(base_url: str, requests: list, seconds: float, connections: int, progress: bool) -> dict:
+async def _run_httpx(base_url: str, requests: list, seconds: float, connections: int, progress: bool,
+                     no_cache: bool = False) -> dict:
     import httpx
     lat: list[float] = []
     errors = 0
@@ -126,8 +131,10 @@ async def _run_httpx(base_url: str, requests: list, seconds: float, connections:
                 i += 1
                 t = time.perf_counter()
                 try:
-                    r = await c.request(m, p, headers={"Authorization": f"Bearer {k}",
-                                                       "Content-Type": "application/json"}, content=b or None)
+                    headers = {"Authorization": f"Bearer {k}", "Content-Type": "application/json"}
+                    if no_cache:
+                        headers["Cache-Control"] = "no-cache"
+                    r = await c.request(m, p, headers=headers, content=b or None)
                     ok = r.status_code == 200
                 except httpx.HTTPError:
                     ok = False

@@ -47,21 +47,23 @@ def push_plot(path: str | Path, beats: list[dict], t0: float, base: int, latenci
             "event latency CDF", title, path)
 
 
-def pull_plot(path: str | Path, percentiles: dict[float, float], timeline: list[tuple[float, float]] | None,
-              title: str) -> None:
-    """Left: queries/s over time (when known); right: latency CDF from the client's percentiles."""
+def pull_plot(path: str | Path, runs: dict[str, tuple[float, dict[float, float]]], title: str) -> None:
+    """runs: label → (queries/s, {percentile: ms}). Left: queries/s per run; right: their latency CDFs."""
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
-    if timeline:
-        t, q = zip(*timeline)
-        ax1.step(t, q, where="pre")
-    ax1.set_xlabel("seconds")
+    labels = list(runs)
+    ax1.bar(labels, [runs[k][0] for k in labels], color=["tab:blue", "tab:orange", "tab:green"][:len(labels)])
+    for i, label in enumerate(labels):
+        ax1.annotate(f"{runs[label][0]:,.0f}", (i, runs[label][0]), ha="center", va="bottom")
     ax1.set_ylabel("queries/s")
-    ax1.set_title("throughput over time")
-    if percentiles:
+    ax1.set_title("throughput")
+    for label in labels:
+        percentiles = runs[label][1]
         qs = sorted(percentiles)
-        ax2.plot([percentiles[q] for q in qs], [q / 100 for q in qs], marker=".")
-        ax2.set_xscale("log")
+        if qs:
+            ax2.plot([percentiles[q] for q in qs], [q / 100 for q in qs], marker=".", label=label)
+    ax2.set_xscale("log")
+    ax2.legend()
     _finish(plt, fig, ax2, "latency (ms)", "fraction of queries", "latency CDF", title, path)
 
 

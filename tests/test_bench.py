@@ -52,3 +52,5 @@ def test_pull_bench_has_no_errors(stack, tmp_path):
     assert PULL_KEYS <= set(result)
     assert result["errors"] == 0
     assert result["queries_per_s"] > 0 and result["latency_ms"]["p99"] >= result["latency_ms"]["p50"] > 0
+    uncached = result["uncached"]        # the same mix with Cache-Control: no-cache: Redis every time
+    assert uncached["errors"] == 0 and uncached["queries_per_s"] > 0
