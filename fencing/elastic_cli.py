@@ -21,7 +21,9 @@ import numpy as np
 import orjson
 import pandas as pd
 
-SKEW_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "21092", "HERDFENCE_EMBEDDED_REDIS_PORT": "21101",
+# Redis 16101-16103 (cluster bus +10000 = 26101-26103): clear of `bench fences` (11101.., bus 21101..) and
+# below the ephemeral range, so neither can take the other's port.
+SKEW_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "21092", "HERDFENCE_EMBEDDED_REDIS_PORT": "16101",
               "HERDFENCE_API_PORT": "21800"}
 
 
