@@ -3,13 +3,16 @@
 Each group's fences are read only from the Redis node that owns the group's slot (one HGETALL per
 changed group); unchanged groups cost one GET of their version per batch, pipelined per node.
 
-One FenceIndex per group (the shard of the Amoeba design): loading or changing a group rebuilds only
-that group's pair table, and a point is matched only against its own group's fences, so neither the
-cost of a batch nor the per-point cost grows with the number of fences the worker has cached. A fence
-that spans several groups is in each of them with that group's cells only (one geometry, shared).
+The groups are indexed in `SHARDS` FenceIndexes (a group's shard: a hash of its name). Loading or
+changing a group rebuilds only its shard's pair table (1/SHARDS of the worker's fences), and a batch
+costs at most SHARDS index calls however many groups it touches: one index per worker made every new
+group rebuild the whole table (seconds at 100k fences), one index per group cost ~60 µs per call,
+which at 1M fences (6,500 groups of ~26 points per partition) was 2 µs per point. A fence spanning
+groups of several shards is in each with those groups' cells only (one geometry, shared).
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,11 +25,16 @@ from fencing.fence_store import FenceRules
 from fencing.h3util import cells_to_strs, parent
 from fencing.membership import FenceIndex
 
+SHARDS = 64
+
+
+def shard_of(group: str) -> int:
+    return zlib.crc32(group.encode()) % SHARDS
+
 
 @dataclass
 class _Group:
     version: int
-    index: FenceIndex
     cells: dict[str, tuple[np.ndarray, np.ndarray]]    # uid → (interior, boundary) cells in this group
 
 
@@ -35,6 +43,7 @@ class FenceCache:
     groups: dict[str, _Group] = field(default_factory=dict)
     rules: dict[str, FenceRules] = field(default_factory=dict)
     fence_farm: dict[str, str] = field(default_factory=dict)
+    shards: dict[int, FenceIndex] = field(default_factory=dict)
     _geoms: dict[str, tuple[int, shapely.Geometry]] = field(default_factory=dict)
     _holders: dict[str, set[str]] = field(default_factory=dict)    # uid → groups that hold it
 
@@ -85,6 +94,9 @@ class FenceCache:
                 self._replace_group(group, -1, {})
                 del self.groups[group]
 
+    def geometry(self, uid: str) -> shapely.Geometry:
+        return self._geoms[uid][1]
+
     def cells_of(self, group: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """uid → (interior, boundary) cells of the group's fences (empty when not cached)."""
         loaded = self.groups.get(group)
@@ -93,22 +105,24 @@ class FenceCache:
     def match(self, lon: np.ndarray, lat: np.ndarray, cells: np.ndarray,
               groups: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """All (point, fence uid) pairs with the point inside the fence, in point order (as
-        FenceIndex.match), each point tested against its own group's index only. `groups`: the group
+        FenceIndex.match), each point tested against its group's shard only. `groups`: the group
         name of each point when the caller has it (else derived from the cells)."""
         cells = np.asarray(cells, dtype=np.uint64)
         lon, lat = np.asarray(lon, np.float64), np.asarray(lat, np.float64)
         if groups is None:
             groups = np.array(cells_to_strs(parent(cells, keys.GROUP_RES)), dtype=object)
         codes, names = pd.factorize(np.asarray(groups, dtype=object))
-        order = np.argsort(codes, kind="stable")
-        starts = np.searchsorted(codes[order], np.arange(len(names) + 1))
+        shard_of_code = np.array([shard_of(g) for g in names] + [-1], dtype=np.int64)
+        shard = shard_of_code[codes]                     # code -1 (no group) → the last entry, -1
+        order = np.argsort(shard, kind="stable")
+        starts = np.searchsorted(shard[order], np.arange(SHARDS + 1))
         points, uids = [np.empty(0, np.int64)], [np.empty(0, object)]
-        for k, name in enumerate(names):
-            loaded = self.groups.get(name)
-            if loaded is None or not len(loaded.index):
+        for k in range(SHARDS):
+            index = self.shards.get(k)
+            if index is None or not len(index) or starts[k] == starts[k + 1]:
                 continue
             idx = order[starts[k]:starts[k + 1]]
-            p, u = loaded.index.match(lon[idx], lat[idx], cells[idx])
+            p, u = index.match(lon[idx], lat[idx], cells[idx])
             points.append(idx[p])
             uids.append(u)
         point, uid = np.concatenate(points), np.concatenate(uids)
@@ -117,21 +131,33 @@ class FenceCache:
 
     def _replace_group(self, group: str, version: int, records: dict[str, dict]) -> None:
         before = self.groups.get(group)
-        index, cells = FenceIndex(), {}
+        cells = {}
         for uid, record in records.items():
             self._remember(uid, record)
-            interior = np.asarray(record["interior"], dtype=np.uint64)
-            boundary = np.asarray(record["boundary"], dtype=np.uint64)
-            index.upsert(uid, self._geoms[uid][1], interior, boundary)
-            cells[uid] = (interior, boundary)
+            cells[uid] = (np.asarray(record["interior"], dtype=np.uint64),
+                          np.asarray(record["boundary"], dtype=np.uint64))
             self._holders.setdefault(uid, set()).add(group)
-        self.groups[group] = _Group(version, index, cells)
-        for uid in set(before.cells) - set(records) if before else ():
-            holders = self._holders.get(uid, set())
-            holders.discard(group)
-            if not holders:          # no cached group holds the fence any more
+        self.groups[group] = _Group(version, cells)
+        gone = set(before.cells) - set(records) if before else set()
+        for uid in gone:
+            self._holders.get(uid, set()).discard(group)
+        shard = shard_of(group)
+        for uid in set(cells) | gone:
+            self._reindex(uid, shard)
+            if not self._holders.get(uid):       # no cached group holds the fence any more
                 for known in (self._holders, self._geoms, self.rules, self.fence_farm):
                     known.pop(uid, None)
+
+    def _reindex(self, uid: str, shard: int) -> None:
+        """The fence in `shard` with the cells of all its groups that fall in that shard."""
+        parts = [self.groups[g].cells[uid] for g in self._holders.get(uid, ())
+                 if shard_of(g) == shard and uid in self.groups[g].cells]
+        index = self.shards.setdefault(shard, FenceIndex())
+        if parts:
+            index.upsert(uid, self._geoms[uid][1], np.concatenate([p[0] for p in parts]),
+                         np.concatenate([p[1] for p in parts]))
+        else:
+            index.remove(uid)
 
     def _remember(self, uid: str, record: dict) -> None:
         self.rules[uid] = FenceRules(int(record["debounce_reports"]), float(record["debounce_seconds"]),

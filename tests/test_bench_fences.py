@@ -53,11 +53,14 @@ def test_bench_fences_json_and_match_agrees_with_limit(private_redis_only, tmp_p
     d = json.loads(out.read_text())
     assert KEYS <= set(d)
     assert d["fence_counts"] == [200, 2000] and d["partitions"] == 6 and d["bar"] == 2.0
-    assert d["per_point_cost_ratio"] > 0 and d["command"].startswith("herdfence bench fences --fences 200,2000")
+    assert d["per_point_cost_ratio"] > 0 and d["per_point_cost_ratio_one_index"] > 0
+    assert d["command"].startswith("herdfence bench fences --fences 200,2000")
     assert d["redis"]["kind"] == "private"
     for r in d["results"]:
         assert RESULT_KEYS <= set(r)
         assert r["match_agrees_with_vectorized_limit"] is True
+        # one FenceIndex over the partition's fences finds the same pairs as the per-group cache
+        assert all(p["one_index_agrees"] for p in r["partitions"]) and r["match"]["one_index_ns_per_point"] > 0
         assert r["points"] == 5000 and r["pairs"] > 0
         assert sum(p["points"] for p in r["partitions"]) == 5000 and len(r["partitions"]) == 6
         # every fence is cached by at least one partition; partitions only load their own groups

@@ -8,7 +8,7 @@ import shapely
 from fencing.geometry import cover, parse_fence_geometry
 from fencing.h3util import cells_for_points
 from fencing.keys import FENCE_RES
-from fencing.membership import FenceIndex, contains_exact, vectorized_limit
+from fencing.membership import FenceIndex, _Rings, contains_exact, vectorized_limit
 from tests.test_geometry import TEST_FENCES, poly, random_points_near
 
 
@@ -104,3 +104,110 @@ def test_match_equals_shapely_ground_truth():
     uids = list(geoms)
     p, f = vectorized_limit(list(geoms.values()), lon, lat)
     assert {(int(i), uids[j]) for i, j in zip(p, f)} == truth
+
+
+def _star(rng, cx, cy, r, k, inner=0.0):
+    """A random non-convex star polygon (k spikes) around (cx, cy), optionally holed."""
+    ang = np.sort(rng.uniform(0, 2 * np.pi, k))
+    rad = r * rng.uniform(0.5, 1.0, k)
+    shell = np.c_[cx + rad * np.cos(ang), cy + rad * np.sin(ang)].round(7)
+    holes = []
+    if inner:
+        a = np.linspace(0, 2 * np.pi, 7)[:-1]
+        holes = [np.c_[cx + inner * r * np.cos(a), cy + inner * r * np.sin(a)].round(7)]
+    return shapely.Polygon(shell, holes)
+
+
+def _random_fences(rng, n: int) -> list:
+    """Stars with and without holes, two-part MultiPolygons, circles, and a grid of rectangles that
+    share edges and corners exactly; all overlapping each other in a ~3 x 3 km area."""
+    out = []
+    xs, ys = 7.0 + np.cumsum(rng.uniform(0.003, 0.006, 6)), 45.0 + np.cumsum(rng.uniform(0.003, 0.006, 6))
+    out += [shapely.box(xs[i], ys[j], xs[i + 1], ys[j + 1]) for i in range(5) for j in range(5)]
+    while len(out) < n:
+        cx, cy = rng.uniform(7.0, 7.04), rng.uniform(45.0, 45.04)
+        kind = len(out) % 4
+        if kind == 0:
+            g = _star(rng, cx, cy, rng.uniform(0.001, 0.006), int(rng.integers(5, 40)))
+        elif kind == 1:
+            g = _star(rng, cx, cy, rng.uniform(0.002, 0.006), int(rng.integers(5, 40)), inner=0.3)
+        elif kind == 2:
+            r = rng.uniform(0.001, 0.003)
+            g = shapely.MultiPolygon([_star(rng, cx, cy, r, 9), _star(rng, cx + 3 * r, cy + r, r, 12, 0.3)])
+        else:
+            g = shapely.Point(cx, cy).buffer(rng.uniform(0.001, 0.004), quad_segs=8)
+        if g.is_valid:                     # as fences are (fencing.geometry rejects the rest)
+            out.append(g)
+    return out
+
+
+def _points_on_and_near(rng, fences: list, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Uniform points, every vertex exactly, points on edges (interpolated: within rounding of the
+    edge, on either side), and points a hair off the edges."""
+    xy = shapely.get_coordinates(fences)
+    x0, y0 = xy.min(axis=0) - 0.002
+    x1, y1 = xy.max(axis=0) + 0.002
+    t = rng.uniform(0, 1, n)
+    i = rng.integers(0, len(xy) - 1, n)
+    on = xy[i] + t[:, None] * (xy[i + 1] - xy[i])
+    near = on + rng.normal(0, 1e-9, on.shape)
+    lon = np.r_[rng.uniform(x0, x1, n), xy[:, 0], on[:, 0], near[:, 0]]
+    lat = np.r_[rng.uniform(y0, y1, n), xy[:, 1], on[:, 1], near[:, 1]]
+    return lon, lat
+
+
+def _dyadic_fence(rng):
+    """A star with coordinates on a 2^-20 grid, and its edge midpoints: exactly on the edges, where
+    float orientation is undecided (the filter defers them to GEOS)."""
+    fence = shapely.Polygon(np.round(shapely.get_coordinates(_star(rng, 7.02, 45.02, 0.004, 30)) * 2**20) / 2**20)
+    v = shapely.get_coordinates(fence)
+    return fence, (v[:-1] + v[1:]) / 2                               # exact: dyadic coordinates
+
+
+def test_randomized_equivalence_with_shapely():
+    """The vectorized ring test (large batches) and the GEOS path (small ones) against plain
+    shapely.intersects_xy: ~150 overlapping fences with holes, MultiPolygons, shared edges, and
+    points exactly on vertices and edges."""
+    rng = np.random.default_rng(11)
+    fences = _random_fences(rng, 150)
+    dyadic, mid = _dyadic_fence(rng)
+    fences.append(dyadic)
+    idx = FenceIndex()
+    for k, g in enumerate(fences):
+        c = cover(g)
+        idx.upsert(f"f{k}", g, c.interior, c.boundary)
+    lon, lat = _points_on_and_near(rng, fences, 20_000)
+    lon, lat = np.r_[mid[:, 0], lon], np.r_[mid[:, 1], lat]
+    truth = {(int(i), f"f{k}") for k, g in enumerate(fences)
+             for i in np.flatnonzero(shapely.intersects_xy(g, lon, lat))}
+    assert len(truth) > 20_000
+    cells = cells_for_points(lat, lon, FENCE_RES)
+    assert match_set(idx, lon, lat) == truth                          # chunks, ring test
+    assert "rings" in vars(idx._pairs())                               # (it did run)
+    small = [idx.match(lon[s:s + 50], lat[s:s + 50], cells[s:s + 50]) for s in range(0, 3000, 50)]
+    got = {(int(p) + s, u) for (ps, us), s in zip(small, range(0, 3000, 50)) for p, u in zip(ps, us)}
+    assert got == {(i, u) for i, u in truth if i < 3000}              # small batches: GEOS
+
+
+def test_ring_test_decides_or_defers_to_geos():
+    """_Rings.intersects over every (fence, point-in-box) pair: where it decides, it equals shapely;
+    it defers the pairs that float arithmetic cannot decide (the dyadic fence's edge midpoints)."""
+    rng = np.random.default_rng(12)
+    fences = _random_fences(rng, 60)
+    dyadic, mid = _dyadic_fence(rng)
+    fences.append(dyadic)
+    geoms = np.array(fences, dtype=object)
+    bounds = shapely.bounds(geoms)
+    lon, lat = _points_on_and_near(rng, fences, 5_000)
+    lon, lat = np.r_[lon, mid[:, 0]], np.r_[lat, mid[:, 1]]
+    f, p = np.nonzero((lon >= bounds[:, [0]]) & (lon <= bounds[:, [2]])
+                      & (lat >= bounds[:, [1]]) & (lat <= bounds[:, [3]]))
+    rings = _Rings.build(geoms, bounds)
+    inside, unsure = rings.intersects(f, lon[p], lat[p], bounds[f, 1])
+    truth = shapely.intersects_xy(geoms[f], lon[p], lat[p])
+    decided = np.ones(len(f), bool)
+    decided[unsure] = False
+    assert 10 < len(unsure) < 0.01 * len(f)
+    assert np.array_equal(inside[decided], truth[decided])
+    assert truth.sum() > 10_000 and (~truth).sum() > 10_000
+    assert truth[unsure].all()                                       # the midpoints are on the boundary
