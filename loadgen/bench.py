@@ -222,9 +222,9 @@ def pull(fences: int, devices: int, seconds: float, json_path: str, seed: int = 
     _write_json(json_path, out)
     if plot:
         plots.pull_plot(_png_for(json_path), {
-            "as clients ask (answer cache on)": (result["queries_per_s"],
+            "as asked (answer cache)": (result["queries_per_s"],
                                                 {float(k): v for k, v in result["percentiles"].items()}),
-            "Cache-Control: no-cache (Redis each time)": (uncached["queries_per_s"],
+            "no-cache (Redis)": (uncached["queries_per_s"],
                                                           {float(k): v for k, v in uncached["percentiles"].items()})},
                         f"herdfence pull: {fences:,} fences, {devices:,} devices, {connections} connections "
                         f"({result['client']}) — {result['queries_per_s']:,.0f} q/s, p99 {result['p99']} ms")
