@@ -78,10 +78,11 @@ class Sinks:
         return new
 
     def _run_scripts(self, calls) -> list[list[int]]:
-        """The script calls pipelined per master (redis-py's cluster pipeline refuses EVALSHA). Any
-        error — a slot that moved, a master that failed over, a node without the script — and the
-        calls are made again one by one through the cluster client, which follows redirects and
-        reloads the script; HSETNX keeps events written by the first attempt single."""
+        """The script calls pipelined per master (redis-py's cluster pipeline refuses EVALSHA). A call
+        that fails there — its slot moved, its master failed over, the node lacks the script — is
+        made again on its own through the cluster client, which follows redirects and reloads the
+        script; the answers of the calls that succeeded are kept, so an event reported new once is
+        not reported old by a retry (HSETNX keeps it single in Redis either way)."""
         by_node: dict[str, list[int]] = {}
         nodes = {}
         for i, (_, script_keys, _) in enumerate(calls):
@@ -89,16 +90,20 @@ class Sinks:
             nodes[node.name] = node
             by_node.setdefault(node.name, []).append(i)
         answers: list = [None] * len(calls)
-        try:
-            for name, indices in by_node.items():
+        for name, indices in by_node.items():
+            try:
                 pipe = nodes[name].redis_connection.pipeline(transaction=False)
                 for i in indices:
                     _, script_keys, args = calls[i]
                     pipe.evalsha(self.add_events.sha, len(script_keys), *script_keys, *args)
-                for i, flags in zip(indices, pipe.execute()):
-                    answers[i] = flags
-        except RedisError:
-            answers = [self.add_events(keys=script_keys, args=args) for _, script_keys, args in calls]
+                for i, flags in zip(indices, pipe.execute(raise_on_error=False)):
+                    answers[i] = None if isinstance(flags, Exception) else flags
+            except RedisError:
+                pass            # the node is unreachable: every call of it is retried below
+        for i, flags in enumerate(answers):
+            if flags is None:
+                _, script_keys, args = calls[i]
+                answers[i] = self.add_events(keys=script_keys, args=args)
         return answers
 
     def write_once(self, events: list[dict]) -> int:
