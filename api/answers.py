@@ -22,12 +22,12 @@ MAX_ENTRIES = 50_000          # per worker; past it the cache starts over (answe
 
 _answers: dict[str, dict[tuple[str, bytes | str], bytes]] = {}
 _generation: defaultdict[str, int] = defaultdict(int)
-_stats = {"hits": 0, "misses": 0}
+_stats = {"hits": 0, "misses": 0, "entries": 0}     # entries: kept as a count, not summed per store
 
 
 def _drop(farms: list[str] | None) -> None:
     for farm_id in list(_answers) if farms is None else farms:
-        _answers.pop(farm_id, None)
+        _stats["entries"] -= len(_answers.pop(farm_id, {}))
         _generation[farm_id] += 1
 
 
@@ -39,7 +39,7 @@ def wants_fresh(cache_control: str) -> bool:
 
 
 def stats() -> dict[str, int]:
-    return {**_stats, "entries": sum(len(v) for v in _answers.values())}
+    return dict(_stats)
 
 
 def _get(farm_id: str, key, fresh: bool) -> bytes | None:
@@ -51,9 +51,12 @@ def _get(farm_id: str, key, fresh: bool) -> bytes | None:
 def _put(farm_id: str, key, body: bytes, generation: int) -> None:
     if not invalidation.listening() or _generation[farm_id] != generation:
         return   # a notice came while we read: this answer may already be stale
-    if sum(len(v) for v in _answers.values()) >= MAX_ENTRIES:
+    if _stats["entries"] >= MAX_ENTRIES:
         _answers.clear()
-    _answers.setdefault(farm_id, {})[key] = body
+        _stats["entries"] = 0
+    farm = _answers.setdefault(farm_id, {})
+    _stats["entries"] += key not in farm
+    farm[key] = body
 
 
 async def fence_devices(aredis, farm_id: str, fence_id: str, fresh: bool = False) -> bytes | None:
