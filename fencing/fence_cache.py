@@ -12,6 +12,8 @@ groups of several shards is in each with those groups' cells only (one geometry,
 """
 from __future__ import annotations
 
+import functools
+import os
 import zlib
 from dataclasses import dataclass, field
 
@@ -28,8 +30,25 @@ from fencing.membership import FenceIndex
 # Few enough that each shard's index call amortizes its fixed numpy cost over thousands of points
 # (64 shards cost ~150 ns per point at 1M fences), enough that one fence edit rebuilds 1/16 of them.
 SHARDS = 16
+# HERDFENCE_FENCE_PRELOAD=0: a worker loads only the groups its batches meet (less memory per worker
+# when one executor never sees most of the map, e.g. many executors and few fences each)
+PRELOAD = os.environ.get("HERDFENCE_FENCE_PRELOAD", "1") not in ("0", "false", "no", "off")
 
 
+def all_groups(redis) -> list[str]:
+    """Every cell group that holds or held fences: the registry set, or (data saved before it
+    existed) a scan of the group fence hashes on every master."""
+    groups = redis.smembers(keys.FENCE_GROUPS)
+    if groups:
+        return sorted(g.decode() if isinstance(g, bytes) else g for g in groups)
+    found = set()
+    for key in redis.scan_iter(match="{g:*}:fences", count=10_000, target_nodes=redis.PRIMARIES):
+        key = key.decode() if isinstance(key, bytes) else key
+        found.add(key[3:key.index("}")])
+    return sorted(found)
+
+
+@functools.lru_cache(maxsize=1 << 16)
 def shard_of(group: str) -> int:
     return zlib.crc32(group.encode()) % SHARDS
 
@@ -48,13 +67,30 @@ class FenceCache:
     shards: dict[int, FenceIndex] = field(default_factory=dict)
     _geoms: dict[str, tuple[int, shapely.Geometry]] = field(default_factory=dict)
     _holders: dict[str, set[str]] = field(default_factory=dict)    # uid → groups that hold it
+    preload: bool = False          # the first refresh loads every group (see `refresh`)
+    _preloaded: bool = False
 
     def __len__(self) -> int:
         """Fences cached."""
         return len(self._geoms)
 
     def refresh(self, redis, groups: list[str]) -> int:
-        """Bring the given groups up to date; returns the number of Redis commands sent."""
+        """Bring the given groups up to date; returns the number of Redis commands sent. The first
+        call of a preloading cache (the job's, `PRELOAD`) loads every group: Spark hands any routed partition to any idle
+        Python worker, so each worker meets nearly every group anyway, and one bulk load builds each
+        shard once instead of rebuilding shards batch after batch as new groups trickle in."""
+        if not groups:
+            return 0
+        sent = 0
+        if self.preload and not self._preloaded:
+            self._preloaded = True
+            every = sorted(set(all_groups(redis)) - set(self.groups))
+            sent += self._load_current(redis, every)
+        return sent + self._load_current(redis, groups)
+
+    def _load_current(self, redis, groups: list[str]) -> int:
+        """Reload those of `groups` whose version changed (versions read first: a fence saved in
+        between leaves the older version here, so the next refresh loads it again)."""
         if not groups:
             return 0
         pipe = redis.pipeline()
@@ -70,8 +106,7 @@ class FenceCache:
             loaded = [(group, version, {uid: orjson.loads(rec) for uid, rec in raw.items()})
                       for (group, version), raw in zip(stale, pipe.execute())]
             self._parse_geometries([rec for _, _, records in loaded for rec in records.values()])
-            for group, version, records in loaded:
-                self._replace_group(group, version, records)
+            self._replace_groups(loaded)
         return len(groups) + len(stale)
 
     def _parse_geometries(self, records: list[dict]) -> None:
@@ -91,10 +126,10 @@ class FenceCache:
 
     def invalidate(self, groups: list[str]) -> None:
         """Forget groups (the elastic controller moved them): the next batch reloads them."""
-        for group in groups:
-            if group in self.groups:
-                self._replace_group(group, -1, {})
-                del self.groups[group]
+        held = [g for g in groups if g in self.groups]
+        self._replace_groups([(g, -1, {}) for g in held])
+        for group in held:
+            del self.groups[group]
 
     def geometry(self, uid: str) -> shapely.Geometry:
         return self._geoms[uid][1]
@@ -131,43 +166,57 @@ class FenceCache:
         by_point = np.argsort(point, kind="stable")
         return point[by_point], uid[by_point]
 
-    def _replace_group(self, group: str, version: int, records: dict[str, dict]) -> None:
-        before = self.groups.get(group)
-        cells = {}
-        for uid, record in records.items():
-            self._remember(uid, record)
-            cells[uid] = (np.asarray(record["interior"], dtype=np.uint64),
-                          np.asarray(record["boundary"], dtype=np.uint64))
-            self._holders.setdefault(uid, set()).add(group)
-        self.groups[group] = _Group(version, cells)
-        gone = set(before.cells) - set(records) if before else set()
-        for uid in gone:
-            self._holders.get(uid, set()).discard(group)
-        shard = shard_of(group)
-        for uid in set(cells) | gone:
-            self._reindex(uid, shard)
+    def _replace_groups(self, loaded: list[tuple[str, int, dict[str, dict]]]) -> None:
+        """Install (group, version, {uid: record}) and reindex the touched fences, shard by shard."""
+        touched: dict[int, set[str]] = {}
+        for group, version, records in loaded:
+            before = self.groups.get(group)
+            cells = {}
+            for uid, record in records.items():
+                self._remember(uid, record)
+                cells[uid] = (np.asarray(record["interior"], dtype=np.uint64),
+                              np.asarray(record["boundary"], dtype=np.uint64))
+                self._holders.setdefault(uid, set()).add(group)
+            self.groups[group] = _Group(version, cells)
+            gone = set(before.cells) - set(records) if before else set()
+            for uid in gone:
+                self._holders.get(uid, set()).discard(group)
+            touched.setdefault(shard_of(group), set()).update(set(cells) | gone)
+        for shard, uids in touched.items():
+            self._reindex(shard, sorted(uids))
+        for uid in set().union(*touched.values()) if touched else ():
             if not self._holders.get(uid):       # no cached group holds the fence any more
                 for known in (self._holders, self._geoms, self.rules, self.fence_farm):
                     known.pop(uid, None)
 
-    def _reindex(self, uid: str, shard: int) -> None:
-        """The fence in `shard` with the cells of all its groups that fall in that shard."""
-        parts = [self.groups[g].cells[uid] for g in self._holders.get(uid, ())
-                 if shard_of(g) == shard and uid in self.groups[g].cells]
+    def _reindex(self, shard: int, uids: list[str]) -> None:
+        """Each fence in `shard` with the cells of all its groups that fall in that shard (or out of
+        the shard when none does)."""
         index = self.shards.setdefault(shard, FenceIndex())
-        if parts:
-            index.upsert(uid, self._geoms[uid][1], np.concatenate([p[0] for p in parts]),
-                         np.concatenate([p[1] for p in parts]))
-        else:
-            index.remove(uid)
+        put: list[tuple[str, list]] = []
+        for uid in uids:
+            parts = [self.groups[g].cells[uid] for g in self._holders.get(uid, ())
+                     if shard_of(g) == shard and uid in self.groups[g].cells]
+            if parts:
+                put.append((uid, parts))
+            else:
+                index.remove(uid)
+        index.upsert_many([u for u, _ in put], [self._geoms[u][1] for u, _ in put],
+                          [p[0][0] if len(p) == 1 else np.concatenate([x[0] for x in p]) for _, p in put],
+                          [p[0][1] if len(p) == 1 else np.concatenate([x[1] for x in p]) for _, p in put])
 
     def _remember(self, uid: str, record: dict) -> None:
-        self.rules[uid] = FenceRules(int(record["debounce_reports"]), float(record["debounce_seconds"]),
-                                     record.get("dwell_seconds"))
+        self.rules[uid] = _rules(record["debounce_reports"], record["debounce_seconds"], record.get("dwell_seconds"))
         self.fence_farm[uid] = record["farm"]
 
 
-_CACHE = FenceCache()
+@functools.lru_cache(maxsize=4096)
+def _rules(debounce_reports, debounce_seconds, dwell_seconds) -> FenceRules:
+    """One shared (frozen) FenceRules per distinct setting: most fences use the defaults."""
+    return FenceRules(int(debounce_reports), float(debounce_seconds), dwell_seconds)
+
+
+_CACHE = FenceCache(preload=PRELOAD)
 
 
 def process_cache() -> FenceCache:

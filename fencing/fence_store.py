@@ -133,6 +133,8 @@ def save_fence(redis, farm_id: str, fence_id: str, fence: ValidFence) -> dict:
     pipe.set(keys.fence(farm_id, fence_id),
              orjson.dumps({"feature": feature, "version": version, "groups": sorted(fence.groups)}))
     pipe.sadd(keys.farm_fences(farm_id), fence_id)
+    if fence.groups:
+        pipe.sadd(keys.FENCE_GROUPS, *fence.groups)
     pipe.srem(DELETED_FENCES, uid)
     pipe.execute()
     notify.live_changed(redis, [farm_id])
@@ -365,6 +367,8 @@ def save_fences_bulk(redis, farm_id: str | None, fences, chunk: int = 5_000) -> 
             pipe.hdel(keys.group_fences(group), *drop)
         for group in set(group_records) | set(group_drops):
             pipe.incr(keys.group_version(group))
+        if group_records:
+            pipe.sadd(keys.FENCE_GROUPS, *group_records)
         for farm, docs in farm_docs.items():
             pipe.execute_command("MSET", *[x for kv in docs.items() for x in kv])
             pipe.sadd(keys.farm_fences(farm), *[key.rsplit(":", 1)[1] for key in docs])

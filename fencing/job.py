@@ -2,7 +2,8 @@
 idempotent sinks. Run as `python -m fencing.job` (herdfence up does this).
 
 One streaming query; every micro-batch (foreachBatch, with its batch id) runs:
-  prepare (narrow)  → repartition(n, route)  → process (one task per routed partition)  → collect
+  read + prepare (the `herdreports` source, one task per Kafka partition)  → repartition(n, route)
+  → process (one task per routed partition)  → collect
 and the driver writes events / dead letters / pings, then a heartbeat with the batch's load figures
 for the elastic controller.
 """
@@ -21,7 +22,6 @@ from pyspark.sql import DataFrame, SparkSession
 from deploy.settings import TOPIC_REPORTS, Settings, load_settings
 from fencing import keys, routing
 from fencing.fence_store import DELETED_FENCES
-from fencing.prepare import PREPARED_DDL, PrepareContext, prepare_partition
 from fencing.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_STATS, \
     ProcessContext, process_partition
 from fencing.redis_conn import cluster
@@ -46,7 +46,6 @@ class BatchProcessor:
         self.redis = cluster(*settings.redis_node)
         self.sinks = Sinks(self.redis, KafkaWriter(settings.kafka_bootstrap))
         self.observer = observer              # the elastic controller, when running
-        self._salts: dict[int, list[int]] = {}
         self.totals = {"events": 0, "dead": 0, "points": 0, "redis_local": 0, "redis_cross": 0, "shed": 0}
         self.elastic = ELASTIC
 
@@ -58,31 +57,20 @@ class BatchProcessor:
             self._run_id = orjson.loads(metadata.read_text().splitlines()[0])["id"][:8] if metadata.exists() else "run"
         return self._run_id
 
-    def salts(self, n: int) -> list[int]:
-        """For each partition p a long value that Spark's hash partitioner sends to p."""
-        if n not in self._salts:
-            rows = self.spark.range(0, 64 * n).selectExpr("id", f"pmod(hash(id), {n}) as p").collect()
-            first: dict[int, int] = {}
-            for row in rows:
-                first.setdefault(row.p, row.id)
-            self._salts[n] = [first[p] for p in range(n)]
-        return self._salts[n]
-
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.time()
         table = routing.load(self.redis)
         n = table.partitions
         host, port = self.settings.redis_node
-        prep = PrepareContext(host, port, table, self.salts(n))
         deleted = frozenset(self.redis.smembers(DELETED_FENCES))
         proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id)
-        prepared = df.mapInArrow(lambda it: prepare_partition(prep, it), PREPARED_DDL)
         if self.elastic:   # the elastic wrapper: moved-group cache invalidation, child loads, shedding
             from fencing.elastic import elastic_process
             stage = lambda it: elastic_process(proc, it)   # noqa: E731
         else:
             stage = lambda it: process_partition(proc, it)   # noqa: E731
-        rows = prepared.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).collect()
+        # df: the source's reports, already parsed and routed by the readers (fencing.report_source)
+        rows = df.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).collect()
         spark_s = time.time() - started
         events, dead, pings, stats = [], [], [], []
         for row in rows:
@@ -142,11 +130,13 @@ class BatchProcessor:
 
 def start_query(spark: SparkSession, settings: Settings, processor: BatchProcessor,
                 checkpoint: str | None = None, trigger: str = TRIGGER):
-    from ingest.kafka_source import register
+    from fencing.report_source import register
 
     register(spark)
-    source = (spark.readStream.format("herdkafka")
+    host, port = settings.redis_node
+    source = (spark.readStream.format("herdreports")
               .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+              .option("redis", f"{host}:{port}")
               .option("subscribe", TOPIC_REPORTS)
               .option("startingOffsets", "earliest")
               .option("maxOffsetsPerTrigger", str(MAX_OFFSETS_PER_TRIGGER))

@@ -41,6 +41,7 @@ def device_location(device_key: str) -> str:
 
 # --- global keys ---------------------------------------------------------------------------------
 FARMS = "farms"                      # set of farm ids
+FENCE_GROUPS = "fencegroups"         # set of cell groups that hold (or held) fences: workers preload them
 DEVICE_REGISTRY = "devreg"          # hash device_id -> farm_id ("," joined when several farms use it)
 ROUTING = "routing"                  # string JSON routing table {"version", "routes": {group: partition}}
 JOB_HEARTBEAT = "job:heartbeat"      # hash: last batch id, time, batch stats (JSON)

@@ -35,7 +35,7 @@ from fencing.keys import FENCE_RES
 _CHUNK = 8192          # points per pass: ~40k candidate pairs, so a pass's arrays fit in L2
 _FEW_PAIRS = 256       # below this many boundary pairs in a chunk, GEOS tests them
 _MAX_BANDS = 64        # horizontal bands per fence: about one per edge, at most this many
-_POLYGONAL = (shapely.GeometryType.POLYGON, shapely.GeometryType.MULTIPOLYGON)
+_POLYGONAL = (int(shapely.GeometryType.POLYGON), int(shapely.GeometryType.MULTIPOLYGON))
 
 
 @dataclass(frozen=True)
@@ -146,23 +146,34 @@ class _PairTable:
 
     @classmethod
     def build(cls, fences: dict[str, _Fence]) -> _PairTable:
+        """Whole-table numpy: one concatenation of every fence's cells, no per-fence arrays (a worker
+        loading 100k fences spent seconds in per-fence np.r_ and min calls)."""
+        items = list(fences.values())
+        n = len(items)
+        n_in = np.fromiter((len(f.interior) for f in items), dtype=np.int64, count=n)
+        n_bd = np.fromiter((len(f.boundary) for f in items), dtype=np.int64, count=n)
+        per_fence = n_in + n_bd
+        cells = np.concatenate([c for f in items for c in (f.interior, f.boundary)] or [np.empty(0, np.uint64)]
+                               ).astype(np.uint64, copy=False)
+        old = np.repeat(np.arange(n, dtype=np.int64), per_fence)
+        interior = np.repeat(np.tile(np.array([True, False]), n), np.column_stack([n_in, n_bd]).ravel())
         # fence slots in order of their first cover cell: fences near each other in space (and so
         # met by the same chunk of cell-sorted points) are near each other in every table
-        items = list(fences.items())
-        first = np.array([min(f.interior.min(initial=~np.uint64(0)), f.boundary.min(initial=~np.uint64(0)))
-                          for _, f in items], dtype=np.uint64)
-        items = [items[i] for i in np.argsort(first, kind="stable")]
-        uids = np.array([u for u, _ in items], dtype=object)
-        geoms = np.array([f.geom for _, f in items], dtype=object)
-        parts = [(f.interior, f.boundary) for _, f in items]
-        cells = np.concatenate([np.concatenate(p) for p in parts] or [np.empty(0, np.uint64)]).astype(np.uint64)
-        fence = np.repeat(np.arange(len(parts), dtype=np.int32), [len(i) + len(b) for i, b in parts])
-        interior = np.concatenate([np.r_[np.ones(len(i), bool), np.zeros(len(b), bool)] for i, b in parts]
-                                  or [np.empty(0, bool)])
+        first = np.full(n, ~np.uint64(0), dtype=np.uint64)
+        has = per_fence > 0
+        if has.any():
+            starts = (np.cumsum(per_fence) - per_fence)[has]
+            first[has] = np.minimum.reduceat(cells, starts)
+        slot_order = np.argsort(first, kind="stable")            # slot -> old position
+        slot_of = np.empty(n, dtype=np.int32)
+        slot_of[slot_order] = np.arange(n, dtype=np.int32)
+        uids = np.array(list(fences.keys()), dtype=object).take(slot_order) if n else np.empty(0, object)
+        geoms = np.array([f.geom for f in items], dtype=object).take(slot_order) if n else np.empty(0, object)
+        fence = slot_of.take(old) if len(old) else np.empty(0, np.int32)
         order = np.argsort(cells, kind="stable")
         cells, fence, interior = cells[order], fence[order], interior[order]
         distinct, start = np.unique(cells, return_index=True)
-        bounds = shapely.bounds(geoms).reshape(len(geoms), 4)
+        bounds = shapely.bounds(geoms).reshape(n, 4)
         return cls(uids, geoms, bounds, distinct, np.r_[start, len(cells)].astype(np.int64), fence, interior)
 
     def match_chunk(self, lon: np.ndarray, lat: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -208,15 +219,26 @@ class FenceIndex:
         return uid in self._fences
 
     def upsert(self, uid: str, geom: BaseGeometry, interior: np.ndarray, boundary: np.ndarray) -> None:
-        interior = np.asarray(interior, dtype=np.uint64)
-        boundary = np.asarray(boundary, dtype=np.uint64)
-        if shapely.get_type_id(geom) not in _POLYGONAL:
-            raise ValueError(f"fence {uid}: a fence must be a Polygon or MultiPolygon")
-        both = np.concatenate([interior, boundary])
-        if len(both) and (resolution_of(both) != self.res).any():
-            raise ValueError(f"fence {uid}: cover cells must be at resolution {self.res}")
-        shapely.prepare(geom)  # for the GEOS tests (small batches, undecided pairs); a no-op when done
-        self._fences[uid] = _Fence(geom, interior, boundary)
+        self.upsert_many([uid], [geom], [interior], [boundary])
+
+    def upsert_many(self, uids: list[str], geoms, interiors: list, boundaries: list) -> None:
+        """Add or replace fences, checked together (one type, resolution and prepare call for all)."""
+        if not len(uids):
+            return
+        geoms = np.asarray(geoms, dtype=object)
+        interiors = [np.asarray(c, dtype=np.uint64) for c in interiors]
+        boundaries = [np.asarray(c, dtype=np.uint64) for c in boundaries]
+        bad = np.flatnonzero(~np.isin(shapely.get_type_id(geoms), _POLYGONAL))
+        if len(bad):
+            raise ValueError(f"fence {uids[bad[0]]}: a fence must be a Polygon or MultiPolygon")
+        every = np.concatenate(interiors + boundaries)
+        if len(every) and (resolution_of(every) != self.res).any():
+            wrong = next(u for u, i, b in zip(uids, interiors, boundaries)
+                         if len(i) + len(b) and (resolution_of(np.concatenate([i, b])) != self.res).any())
+            raise ValueError(f"fence {wrong}: cover cells must be at resolution {self.res}")
+        shapely.prepare(geoms)  # for the GEOS tests (small batches, undecided pairs); a no-op when done
+        for uid, geom, interior, boundary in zip(uids, geoms, interiors, boundaries):
+            self._fences[uid] = _Fence(geom, interior, boundary)
         self._table = None
 
     def geometry(self, uid: str) -> BaseGeometry:

@@ -7,6 +7,7 @@ Redis (`routing`) and read by the job at every micro-batch.
 """
 from __future__ import annotations
 
+import functools
 import zlib
 from dataclasses import dataclass, field
 
@@ -135,3 +136,46 @@ def from_spec(spec: dict, slot_node: np.ndarray, nodes: tuple[str, ...]) -> Rout
 
 def publish(redis, table: RoutingTable) -> None:
     redis.set(keys.ROUTING, table.to_json())
+
+
+# --- Spark's hash partitioner, in Python --------------------------------------------------------
+# repartition(n, "route") sends a row to pmod(murmur3_x86_32(route, seed 42), n). The readers of the
+# source compute routes on the executors, so they need, for each partition p, a long value that
+# lands on p ("salt"); computing it here needs no Spark job (tests check it against Spark's hash()).
+_M32 = 0xFFFFFFFF
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _M32
+
+
+def _mix_k1(k1: int) -> int:
+    return (_rotl((k1 * 0xCC9E2D51) & _M32, 15) * 0x1B873593) & _M32
+
+
+def _mix_h1(h1: int, k1: int) -> int:
+    return (_rotl(h1 ^ k1, 13) * 5 + 0xE6546B64) & _M32
+
+
+def spark_hash_long(value: int, seed: int = 42) -> int:
+    """Spark SQL's hash() of a long (Murmur3_x86_32.hashLong), as a signed 32-bit int."""
+    value &= 0xFFFFFFFFFFFFFFFF
+    h1 = _mix_h1(_mix_h1(seed, _mix_k1(value & _M32)), _mix_k1(value >> 32))
+    h1 ^= 8
+    h1 ^= h1 >> 16
+    h1 = (h1 * 0x85EBCA6B) & _M32
+    h1 ^= h1 >> 13
+    h1 = (h1 * 0xC2B2AE35) & _M32
+    h1 ^= h1 >> 16
+    return h1 - (1 << 32) if h1 & 0x80000000 else h1
+
+
+@functools.lru_cache(maxsize=64)
+def partition_salts(n: int) -> tuple[int, ...]:
+    """salts[p]: the smallest non-negative long that Spark's hash partitioner sends to partition p of n."""
+    first: dict[int, int] = {}
+    value = 0
+    while len(first) < n:
+        first.setdefault(spark_hash_long(value) % n, value)
+        value += 1
+    return tuple(first[p] for p in range(n))

@@ -299,3 +299,16 @@ def test_producer_roundtrip_and_broker_down(broker):
     with pytest.raises(BrokerUnavailable):
         ReportProducer("127.0.0.1:29193", timeout_s=2).send_many([GOOD])
     assert time.time() - t0 < 6
+
+
+def test_partition_salts_match_spark_hash_partitioner(spark):
+    """The readers route with salts computed in Python: each must land on its partition in Spark."""
+    from fencing.routing import partition_salts, spark_hash_long
+    values = [0, 1, -1, 7, 2**31, -2**31 - 5, 2**62 + 12345, -2**63]
+    row = spark.createDataFrame([(v,) for v in values], "v long").selectExpr("collect_list(hash(v)) as h").first()
+    assert [spark_hash_long(v) for v in values] == row.h
+    for n in (1, 2, 3, 6, 12, 17):
+        salts = partition_salts(n)
+        got = (spark.createDataFrame([(s, p) for p, s in enumerate(salts)], "route long, want int")
+               .repartition(n, "route").selectExpr("spark_partition_id() as p", "want").collect())
+        assert sorted((r.p, r.want) for r in got) == [(p, p) for p in range(n)]
