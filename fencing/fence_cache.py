@@ -26,6 +26,7 @@ from fencing import keys
 from fencing.fence_store import FenceRules
 from fencing.h3util import cells_to_strs, parent
 from fencing.membership import FenceIndex
+from fencing.node_pipe import NodePipeline
 
 # Few enough that each shard's index call amortizes its fixed numpy cost over thousands of points
 # (64 shards cost ~150 ns per point at 1M fences), enough that one fence edit rebuilds 1/16 of them.
@@ -93,16 +94,17 @@ class FenceCache:
         between leaves the older version here, so the next refresh loads it again)."""
         if not groups:
             return 0
-        pipe = redis.pipeline()
+        pipe = NodePipeline(redis)
         for group in groups:
-            pipe.get(keys.group_version(group))
+            key = keys.group_version(group)
+            pipe.command(key, "GET", key)
         versions = [int(v or 0) for v in pipe.execute()]
         stale = [(g, v) for g, v in zip(groups, versions)
                  if g not in self.groups or self.groups[g].version != v]
         if stale:
-            pipe = redis.pipeline()
             for group, _ in stale:
-                pipe.hgetall(keys.group_fences(group))
+                key = keys.group_fences(group)
+                pipe.command(key, "HGETALL", key)
             loaded = [(group, version, {uid: orjson.loads(rec) for uid, rec in raw.items()})
                       for (group, version), raw in zip(stale, pipe.execute())]
             self._parse_geometries([rec for _, _, records in loaded for rec in records.values()])

@@ -19,8 +19,10 @@ from fencing import history, keys, notify
 from fencing.fence_cache import process_cache
 from fencing.h3util import cell_to_str, cells_for_points
 from fencing.prepare import KIND_REPORT
+from fencing.node_pipe import NodePipeline
 from fencing.redis_conn import cluster
 from fencing.routing import RoutingTable, group_slot
+from fencing.sinks import event_log
 from fencing.transitions import DeviceState, Event, advance
 
 OUT_KIND_EVENT, OUT_KIND_DEAD, OUT_KIND_PING, OUT_KIND_STATS = 0, 1, 2, 3
@@ -136,6 +138,10 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     clock.lap("advance")
     _write_all(redis, ctx.version, devices, states, latest_row, events, counter)
     clock.lap("write")
+    # the task's events into their farms' logs (once per event id) before the batch commits: a
+    # replay recomputes the same ids, and the driver only produces them to Kafka
+    event_log(redis).add([e.__dict__ for e in events])
+    clock.lap("events")
     group_points = Counter(frame["grp"].tolist())
     stats = {"partition": partition, "points": len(frame), "devices": len(devices.dkeys),
              "groups": dict(group_points), "redis_local": counter.local, "redis_cross": counter.cross,
@@ -192,7 +198,7 @@ def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter
     n = len(devices.dkeys)
     raws: list[str | None] = [None] * n
     by_home = _by(devices.homes, range(n))
-    pipe = redis.pipeline()
+    pipe = NodePipeline(redis)
     for home, idx in by_home.items():
         pipe.hmget(keys.group_state(home), [devices.dkeys[i] for i in idx])
         counter.count(home)
@@ -203,7 +209,6 @@ def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter
     missing = [i for i in range(n) if raws[i] is None]
     if missing:   # new devices, or devices whose home group changed since their last batch
         by_bucket = _by([keys.device_location(devices.dkeys[i]) for i in missing], missing)
-        pipe = redis.pipeline()
         for bucket, idx in by_bucket.items():
             pipe.hmget(bucket, [devices.dkeys[i] for i in idx])
         previous: dict[int, str] = {}
@@ -211,7 +216,6 @@ def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter
             previous.update({i: g for i, g in zip(idx, values) if g and g != devices.homes[i]})
         if previous:
             by_old = _by(list(previous.values()), list(previous))
-            pipe = redis.pipeline()
             for group, idx in by_old.items():
                 pipe.hmget(keys.group_state(group), [devices.dkeys[i] for i in idx])
                 counter.count(group)
@@ -270,22 +274,26 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
             removed_by_old.setdefault(moved_from, []).append(dkey)
         if old is None or moved_from:
             locations.setdefault(keys.device_location(dkey), {})[dkey] = home
-    pipe = redis.pipeline()
+    pipe = NodePipeline(redis)
     for home, mapping in state_by_home.items():
-        pipe.hset(keys.group_state(home), mapping=mapping)
+        pipe.hset(keys.group_state(home), mapping)
         counter.count(home)
     for group, dkeys in removed_by_old.items():
-        pipe.hdel(keys.group_state(group), *dkeys)
+        key = keys.group_state(group)
+        pipe.command(key, "HDEL", key, *dkeys)
         counter.count(group)
     for bucket, mapping in locations.items():
-        pipe.hset(bucket, mapping=mapping)
+        pipe.hset(bucket, mapping)
     for farm_id, mapping in positions.items():
-        pipe.hset(keys.positions(farm_id), mapping=mapping)
-        pipe.zadd(keys.last_seen(farm_id), seen[farm_id])
+        pipe.hset(keys.positions(farm_id), mapping)
+        key = keys.last_seen(farm_id)
+        pipe.command(key, "ZADD", key, *[x for device, ms in seen[farm_id].items() for x in (ms, device)])
     for (farm_id, cell), members in cell_removes.items():
-        pipe.srem(keys.position_cell(farm_id, cell), *members)
+        key = keys.position_cell(farm_id, cell)
+        pipe.command(key, "SREM", key, *members)
     for (farm_id, cell), members in cell_adds.items():
-        pipe.sadd(keys.position_cell(farm_id, cell), *members)
+        key = keys.position_cell(farm_id, cell)
+        pipe.command(key, "SADD", key, *members)
     final: dict[tuple[str, str, str], Event] = {}   # (farm, fence, device) → its last enter/exit
     for event in events:
         if event.type in ("enter", "exit"):
@@ -298,9 +306,10 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
         else:
             exited.setdefault((farm_id, fence_id), []).append(device_id)
     for (farm_id, fence_id), devices_out in exited.items():
-        pipe.hdel(keys.members(farm_id, fence_id), *devices_out)
+        key = keys.members(farm_id, fence_id)
+        pipe.command(key, "HDEL", key, *devices_out)
     for (farm_id, fence_id), mapping in entered.items():
-        pipe.hset(keys.members(farm_id, fence_id), mapping=mapping)
+        pipe.hset(keys.members(farm_id, fence_id), mapping)
     pipe.execute()
     # after the writes: API workers drop their cached answers for these farms
     notify.live_changed(redis, set(positions) | {farm for farm, _ in entered} | {farm for farm, _ in exited})

@@ -1,13 +1,13 @@
-"""Driver-side sinks of a micro-batch, idempotent by batch id and event id:
-events → Redis (per farm: hash + time index + live stream, each event written once) and Kafka
-`fence.events`; dead letters → `gps.reports.dlq`; pings → `job:ping:<id>`."""
+"""The sinks of a micro-batch, idempotent by batch id and event id: events → Redis (per farm: hash +
+time index + live stream, each event written once; by the process tasks) and Kafka `fence.events` (by
+the driver); dead letters → `gps.reports.dlq`; pings → `job:ping:<id>`."""
 from __future__ import annotations
 
 import orjson
-from redis.exceptions import RedisError
 
 from fencing.timeutil import iso
 from fencing import keys
+from fencing.node_pipe import NodePipeline
 
 STREAM_MAXLEN = 100_000
 
@@ -33,16 +33,63 @@ def public_event(event: dict) -> dict:
             "fence_id": event["fence_id"], "ts": iso(event["ts"]), "lat": event["lat"], "lon": event["lon"]}
 
 
-class Sinks:
-    def __init__(self, redis, producer):
-        self.redis, self.producer = redis, producer
+class EventLog:
+    """Each farm's event log in Redis (hash + time index + live stream), written once per event id.
+    Used by the process tasks (their own events, before the batch commits) and the silent scanner."""
+
+    def __init__(self, redis):
+        self.redis = redis
         self.add_events = redis.register_script(_ADD_EVENTS)
         redis.script_load(_ADD_EVENTS)              # on every master: the pipelined EVALSHA needs it
 
-    def write(self, batch_id: str, events: list[dict], dead_letters: list[str], pings: list[str]) -> int:
-        """`batch_id` is the run-qualified batch version. Returns how many events were new to Redis."""
+    def add(self, events: list[dict]) -> list[dict]:
+        """Each event into its farm's log unless its id is there already; returns the new ones, by
+        time. One script call per farm (bounded chunks), pipelined per master: a batch touching
+        thousands of farms costs one round trip per node, not one per farm."""
         events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
-        new = self._add_to_redis(events)
+        by_farm: dict[str, list[dict]] = {}
+        for event in events:
+            by_farm.setdefault(event["farm_id"], []).append(event)
+        pipe = NodePipeline(self.redis)
+        chunks: list[list[dict]] = []
+        for farm_id, farm_events in by_farm.items():
+            for start in range(0, len(farm_events), 2000):
+                chunk = farm_events[start:start + 2000]
+                args: list = [STREAM_MAXLEN]
+                for event in chunk:
+                    args += [event["event_id"], orjson.dumps(public_event(event)), event["ts"]]
+                pipe.script(self.add_events, [keys.event_data(farm_id), keys.events(farm_id),
+                                              keys.event_stream(farm_id)], args)
+                chunks.append(chunk)
+        if not chunks:
+            return []
+        new = [e for chunk, flags in zip(chunks, pipe.execute()) for e, flag in zip(chunk, flags) if flag]
+        new.sort(key=lambda e: (e["ts"], e["event_id"]))
+        return new
+
+
+_LOGS: dict[int, EventLog] = {}
+
+
+def event_log(redis) -> EventLog:
+    """One EventLog per Redis client (a Spark Python worker registers the script once)."""
+    log = _LOGS.get(id(redis))
+    if log is None:
+        log = _LOGS[id(redis)] = EventLog(redis)
+    return log
+
+
+class Sinks:
+    """The driver's side of a batch: its events to Kafka `fence.events` (once per batch id: the
+    tasks have put them in Redis), dead letters to `gps.reports.dlq`, pings."""
+
+    def __init__(self, redis, producer):
+        self.redis, self.producer = redis, producer
+        self.log = event_log(redis)
+
+    def write(self, batch_id: str, events: list[dict], dead_letters: list[str], pings: list[str]) -> None:
+        """`batch_id` is the run-qualified batch version."""
+        events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
         marker = keys.SINK_DONE.format(batch_id)
         if not self.redis.get(marker):
             # Kafka has no upsert: the marker keeps a replayed batch from producing again; consumers can
@@ -53,62 +100,10 @@ class Sinks:
             self.redis.set(marker, "1", ex=7 * 24 * 3600)
         for ping in pings:
             self.redis.set(f"job:ping:{ping}", batch_id, ex=3600)
-        return len(new)
-
-    def _add_to_redis(self, events: list[dict]) -> list[dict]:
-        """Each event into its farm's log unless its id is there already; returns the new ones.
-        One script call per farm (bounded chunks), pipelined per master: a batch touching thousands
-        of farms costs one round trip per node, not one per farm."""
-        by_farm: dict[str, list[dict]] = {}
-        for event in events:
-            by_farm.setdefault(event["farm_id"], []).append(event)
-        calls: list[tuple[list[dict], list[str], list]] = []
-        for farm_id, farm_events in by_farm.items():
-            for start in range(0, len(farm_events), 2000):
-                chunk = farm_events[start:start + 2000]
-                args: list = [STREAM_MAXLEN]
-                for event in chunk:
-                    args += [event["event_id"], orjson.dumps(public_event(event)), event["ts"]]
-                calls.append((chunk, [keys.event_data(farm_id), keys.events(farm_id), keys.event_stream(farm_id)], args))
-        if not calls:
-            return []
-        answers = self._run_scripts(calls)
-        new = [e for (chunk, _, _), flags in zip(calls, answers) for e, flag in zip(chunk, flags) if flag]
-        new.sort(key=lambda e: (e["ts"], e["event_id"]))
-        return new
-
-    def _run_scripts(self, calls) -> list[list[int]]:
-        """The script calls pipelined per master (redis-py's cluster pipeline refuses EVALSHA). A call
-        that fails there — its slot moved, its master failed over, the node lacks the script — is
-        made again on its own through the cluster client, which follows redirects and reloads the
-        script; the answers of the calls that succeeded are kept, so an event reported new once is
-        not reported old by a retry (HSETNX keeps it single in Redis either way)."""
-        by_node: dict[str, list[int]] = {}
-        nodes = {}
-        for i, (_, script_keys, _) in enumerate(calls):
-            node = self.redis.nodes_manager.get_node_from_slot(self.redis.keyslot(script_keys[0]))
-            nodes[node.name] = node
-            by_node.setdefault(node.name, []).append(i)
-        answers: list = [None] * len(calls)
-        for name, indices in by_node.items():
-            try:
-                pipe = nodes[name].redis_connection.pipeline(transaction=False)
-                for i in indices:
-                    _, script_keys, args = calls[i]
-                    pipe.evalsha(self.add_events.sha, len(script_keys), *script_keys, *args)
-                for i, flags in zip(indices, pipe.execute(raise_on_error=False)):
-                    answers[i] = None if isinstance(flags, Exception) else flags
-            except RedisError:
-                pass            # the node is unreachable: every call of it is retried below
-        for i, flags in enumerate(answers):
-            if flags is None:
-                _, script_keys, args = calls[i]
-                answers[i] = self.add_events(keys=script_keys, args=args)
-        return answers
 
     def write_once(self, events: list[dict]) -> int:
         """Events outside any batch (the silent scanner): Kafka gets only those new to Redis."""
-        new = self._add_to_redis(events)
+        new = self.log.add(events)
         self.producer.produce_records("fence.events", [((e["fence_id"] or e["device_id"]).encode(),
                                                         orjson.dumps(public_event(e))) for e in new])
         return len(new)

@@ -125,8 +125,10 @@ def handled(beat: dict) -> int:
     return int(beat.get("points_total", 0)) + int(beat.get("shed_total", 0))
 
 
-def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_timeout_s: float = 180.0):
-    """Produce `reports` (already renamed to real device ids) as fast as possible and wait until the
+def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_timeout_s: float = 180.0,
+                    rate: float | None = None):
+    """Produce `reports` (already renamed to real device ids), at `rate` per second or as fast as
+    possible, and wait until the
     job's heartbeat has counted them all. Returns (write stats, first produce wall time (s), done wall
     time (s) or None on stall, sampler, baseline points_total)."""
     from loadgen.kafka_writer import write_reports
@@ -137,7 +139,7 @@ def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_t
     sampler.start()
     target = base + len(reports)
     t_first = time.time()
-    stats = write_reports(stack.settings.kafka_bootstrap, reports, progress=progress)
+    stats = write_reports(stack.settings.kafka_bootstrap, reports, rate=rate, progress=progress)
     t_first = float(stats.sent_at_ms[0]) / 1000.0 if len(reports) else t_first
     bar = tqdm(total=len(reports), unit="pt", desc="processed by the job", disable=not progress)
     done_at = None
