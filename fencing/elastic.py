@@ -418,29 +418,21 @@ def child_counts(batches: list[pa.RecordBatch], split_groups=None) -> tuple[dict
     """Points per (group, device bucket), and per group, attributed as the router routes: all of a
     device's reports in the batch count for the group of its last report (arrival order, the same rule
     as fencing.prepare). Returns (children, route_groups); the controller splits and moves by these."""
-    frames = []
-    for b in batches:
-        if not b.num_rows:
-            continue
-        kinds = b.column("kind").to_numpy(zero_copy_only=False)
-        keep = kinds == 0
-        if not keep.any():
-            continue
-        sub = b.filter(pa.array(keep))
-        frames.append(pd.DataFrame({"farm": sub.column("farm_id").to_pylist(),
-                                    "dev": sub.column("device_id").to_pylist(),
-                                    "grp": sub.column("grp").to_pylist()}))
-    if not frames:
+    reports = [b.filter(pa.array(b.column("kind").to_numpy(zero_copy_only=False) == 0)) for b in batches
+               if b.num_rows]
+    reports = [b for b in reports if b.num_rows]
+    if not reports:
         return {}, {}
-    frame = pd.concat(frames, ignore_index=True)
-    dkey = frame["farm"] + "/" + frame["dev"]
-    per = pd.DataFrame({"dkey": dkey, "grp": frame["grp"]}).groupby("dkey", sort=False)["grp"] \
-        .agg(["last", "size"])
-    per["bucket"] = routing.buckets_of(per.index)
+    table = pa.Table.from_batches(reports)
+    devices = routing.device_runs(table.column("farm_id"), table.column("device_id"))
+    groups = pa.chunked_array(table.column("grp")).combine_chunks().dictionary_encode()
+    last_group = groups.indices.to_numpy(zero_copy_only=False)[devices.last]
+    names = groups.dictionary.to_pylist()
     children: dict[str, dict[str, int]] = {}
-    for (g, c), k in per.groupby(["last", "bucket"], sort=False)["size"].sum().items():
-        children.setdefault(str(g), {})[str(c)] = int(k)
-    route_groups = {str(g): int(k) for g, k in per.groupby("last", sort=False)["size"].sum().items()}
+    for g, bucket, k in zip(last_group.tolist(), routing.buckets_of(devices.keys), devices.count.tolist()):
+        per_group = children.setdefault(names[g], {})
+        per_group[bucket] = per_group.get(bucket, 0) + k
+    route_groups = {name: sum(per.values()) for name, per in children.items()}
     return children, route_groups
 
 

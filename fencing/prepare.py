@@ -18,7 +18,7 @@ from deploy.settings import TOPIC_REPORTS
 from fencing import keys
 from fencing.h3util import cells_for_points, cells_to_strs, parent
 from fencing.redis_conn import cluster
-from fencing.routing import RoutingTable, buckets_of
+from fencing.routing import RoutingTable, buckets_of, device_runs
 from ingest.validate import DeadLetter, parse_kafka_values
 
 KIND_REPORT, KIND_DEAD, KIND_PING = 0, 1, 2
@@ -100,22 +100,19 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: np.ndarray) -> pa
     group_cells = parent(cells, keys.GROUP_RES)
     unique_groups, group_code = np.unique(group_cells, return_inverse=True)
     group_names = np.array(cells_to_strs(unique_groups), dtype=object)
-    device_key = pd.Series(farm.astype(str)) + "/" + pd.Series(good.column("device_id").to_pylist())
     # the route of a device = partition of the group of its last report (arrival order) in this batch
-    frame = pd.DataFrame({"dkey": device_key, "g": group_code})
+    devices = device_runs(farm.astype(str).tolist(), good.column("device_id"))
+    last_group = group_code[devices.last]
     salts = np.asarray(ctx.salts, dtype=np.int64)
     if ctx.routing.splits and any(g in ctx.routing.splits for g in group_names):
         # a split (hot) group is routed by the device's bucket (fencing.routing.bucket_of); its fence and
         # state keys stay at group level, so any partition can serve any bucket of it
-        last = frame.groupby("dkey", sort=False)["g"].last()
-        parts = [ctx.routing.partition_of_child(group_names[g], b)
-                 for g, b in zip(last.tolist(), buckets_of(last.index))]
-        route = salts[frame["dkey"].map(pd.Series(parts, index=last.index)).to_numpy(np.int64)]
+        parts = np.array([ctx.routing.partition_of_child(group_names[g], b)
+                          for g, b in zip(last_group.tolist(), buckets_of(devices.keys))], dtype=np.int64)
     else:
-        latest = frame.groupby("dkey", sort=False)["g"].last()
-        device_group = frame["dkey"].map(latest).to_numpy()
         partition_of_group = np.array([ctx.routing.partition_of(g) for g in group_names], dtype=np.int64)
-        route = salts[partition_of_group[device_group]]
+        parts = partition_of_group[last_group]
+    route = salts[parts[devices.codes]]
     n = good.num_rows
     return pa.RecordBatch.from_arrays([
         pa.array(np.zeros(n, np.int8)), pa.array(route), pa.array(farm.astype(str).tolist(), pa.string()),
