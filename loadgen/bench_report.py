@@ -36,6 +36,16 @@ def _fmt(v, digits: int = 0) -> str:
     return str(v)
 
 
+def _paced_summary(pushes: list[tuple[Path, dict]]) -> str:
+    """The lowest event p99 among the paced runs (latency at a sustainable rate), if any."""
+    paced = [r for _, r in pushes if r.get("offered_rate") and r["event_latency_ms"].get("p99") is not None]
+    if not paced:
+        return ""
+    r = min(paced, key=lambda r: r["event_latency_ms"]["p99"])
+    return (f"; paced at {_fmt(float(r['offered_rate']))} reports/s ({_fmt(r.get('fences'))} fences): event p50 "
+            f"{_fmt(r['event_latency_ms'].get('p50'))} ms, p99 {_fmt(r['event_latency_ms'].get('p99'))} ms")
+
+
 def write_report(docs: Path) -> Path:
     pushes, pulls = _load(docs, "push"), _load(docs, "pull")
     lines = ["# herdfence benchmarks", "",
@@ -54,7 +64,7 @@ def write_report(docs: Path) -> Path:
         lines.append(f"| push (stream processing) | {_fmt(best.get('points_per_s'))} points/s end to end "
                      f"({_fmt(best.get('fences'))} fences, {_fmt(best.get('devices'))} devices), event p99 "
                      f"{_fmt(best['event_latency_ms'].get('p99'))} ms, lost {best.get('lost')}, duplicated "
-                     f"{best.get('duplicated')} | {FENCEX['push']} | {BARS['push']} |")
+                     f"{best.get('duplicated')}" + _paced_summary(pushes) + f" | {FENCEX['push']} | {BARS['push']} |")
     if pulls:
         best = max(pulls, key=lambda x: x[1].get("queries_per_s", 0))[1]
         lines.append(f"| pull (queries) | {_fmt(best.get('queries_per_s'))} queries/s, p50 "
@@ -66,7 +76,9 @@ def write_report(docs: Path) -> Path:
     lines.append("")
     if pushes:
         lines += ["## Push: reports → events, end to end", "",
-                  "Simulated herds (loadgen/herd.py) are produced to `gps.reports` as fast as possible; the "
+                  "Simulated herds (loadgen/herd.py) are produced to `gps.reports` as fast as possible (offered: "
+                  "flood; points/s is then the job's drain rate and latency is mostly queueing behind the "
+                  "backlog) or paced at the offered rate (`--rate`: latency is the job's own); the "
                   "clock runs from the first report produced until the job's heartbeat has counted every "
                   "point. Event latency = when the event became visible in Redis (its stream entry id) − when "
                   "its confirming report was produced. `vectorized limit` = the same membership work (H3 cell "
@@ -74,11 +86,13 @@ def write_report(docs: Path) -> Path:
                   "measured in the same run. lost/duplicated reconcile the events against the oracle "
                   "(loadgen/truth.py). The first micro-batches (Spark and Python-worker warm-up) run on "
                   "warm-up devices before the clock starts.", "",
-                  "| fences | devices | points | points/s | vectorized limit | ratio | event p50 (ms) | "
-                  "event p99 (ms) | events | lost | duplicated | batches |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| fences | devices | points | offered | points/s | vectorized limit | ratio | event p50 (ms) | "
+                  "event p99 (ms) | events | lost | duplicated | batches |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in pushes:
+            offered = f"{_fmt(float(r['offered_rate']))}/s" if r.get("offered_rate") else "flood"
             lines.append("| " + " | ".join(_fmt(x) for x in (
-                r.get("fences"), r.get("devices"), r.get("points"), r.get("points_per_s"),
+                r.get("fences"), r.get("devices"), r.get("points"), offered, r.get("points_per_s"),
                 r.get("vectorized_limit_points_per_s"))) + f" | {_fmt(r.get('ratio_to_limit'), 3)} | "
                 + " | ".join(_fmt(x) for x in (r["event_latency_ms"].get("p50"), r["event_latency_ms"].get("p99"),
                                                 r.get("events"), r.get("lost"), r.get("duplicated"), r.get("batches")))
@@ -86,7 +100,9 @@ def write_report(docs: Path) -> Path:
         lines.append("")
         for p, r in pushes:
             png = p.with_suffix(".png")
-            lines += [f"### {r.get('fences'):,} fences, {r.get('devices'):,} devices, {r.get('points'):,} points", "",
+            pace = f", paced at {r['offered_rate']:,.0f} reports/s" if r.get("offered_rate") else ""
+            lines += [f"### {r.get('fences'):,} fences, {r.get('devices'):,} devices, {r.get('points'):,} points{pace}",
+                      "",
                       f"```\n.venv/bin/{r.get('command')}\n```", ""]
             if png.exists():
                 lines += [f"![push {p.stem}]({png.name})", ""]
