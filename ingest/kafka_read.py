@@ -59,10 +59,17 @@ def read_range(r: KafkaRange) -> Iterator[pa.RecordBatch]:
     return _read_confluent(r) if r.client == "confluent" else _read_kafka_python(r)
 
 
-def _read_confluent(r: KafkaRange) -> Iterator[pa.RecordBatch]:
-    from confluent_kafka import Consumer, KafkaError, TopicPartition
-    c = Consumer({
-        "bootstrap.servers": r.bootstrap, "group.id": "herdfence-reader",
+# Idle consumers of this Python worker, by bootstrap servers. Spark reuses its Python workers, so a
+# range read by a worker that read one before skips the consumer's start (connect, metadata, first
+# fetch): part of every micro-batch's fixed cost. A read owns its consumer until it returns it.
+_IDLE: dict[str, object] = {}
+
+
+def _consumer(bootstrap: str):  # noqa: ANN202 - confluent_kafka.Consumer
+    from confluent_kafka import Consumer
+    idle = _IDLE.pop(bootstrap, None)
+    return idle if idle is not None else Consumer({
+        "bootstrap.servers": bootstrap, "group.id": "herdfence-reader",
         "enable.auto.commit": False, "enable.partition.eof": True,
         # "error": an out-of-range start surfaces as an event instead of a silent reset.
         "auto.offset.reset": "error", "fetch.wait.max.ms": 5,
@@ -70,7 +77,13 @@ def _read_confluent(r: KafkaRange) -> Iterator[pa.RecordBatch]:
         "receive.message.max.bytes": 209_715_200, "log_level": 3,
         "fetch.error.backoff.ms": 10, "fetch.queue.backoff.ms": 1,
     })
+
+
+def _read_confluent(r: KafkaRange) -> Iterator[pa.RecordBatch]:
+    from confluent_kafka import KafkaError, TopicPartition
+    c = _consumer(r.bootstrap)
     tp = TopicPartition(r.topic, r.partition, r.start)
+    reusable = False
     try:
         c.assign([tp])
         pos, last_progress = r.start, time.monotonic()
@@ -114,8 +127,15 @@ def _read_confluent(r: KafkaRange) -> Iterator[pa.RecordBatch]:
             if len(values) >= BATCH_ROWS or (pos >= r.end and values):
                 yield _batch(r, keys, values, offsets, tss)
                 keys, values, offsets, tss = [], [], [], []
+        reusable = True
     finally:
-        c.close()
+        if reusable and r.bootstrap not in _IDLE:
+            c.unassign()            # stops its prefetching; the next read assigns its own range
+            for other in [b for b in _IDLE if b != r.bootstrap]:
+                _IDLE.pop(other).close()        # one cluster per job: don't keep others reconnecting
+            _IDLE[r.bootstrap] = c
+        else:                       # failed or abandoned mid-range: never hand on a consumer in doubt
+            c.close()
 
 
 def _read_kafka_python(r: KafkaRange) -> Iterator[pa.RecordBatch]:
