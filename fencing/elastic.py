@@ -65,6 +65,11 @@ class ElasticConfig:
     shed: str = "auto"               # "auto": by lag; "on"/"off": forced (tests, operators)
     shed_lag: int = 200_000          # shed when the source lag (records) exceeds this
     unshed_lag: int = 50_000         # stop shedding under this
+    # auto: shedding costs the tasks a state read and a cell test per report (~9% of their CPU in a
+    # flood); when a window sheds less than this share of its reports that costs more than it saves,
+    # so it is switched off and not retried for `shed_holdoff` windows (a herd that moves a lot)
+    shed_min_yield: float = 0.05
+    shed_holdoff: int = 30
 
     @classmethod
     def load(cls, redis) -> "ElasticConfig":
@@ -213,6 +218,7 @@ class Window:
     redis_cross: int
     shed: int
     lag: int
+    first_routing_version: int = 0       # the oldest routing version a beat of the window ran with
 
     @property
     def imbalance(self) -> float:
@@ -232,6 +238,8 @@ class Controller:
         self.steps = 0
         self.decisions: deque = deque(maxlen=20)
         self.shed_total = 0
+        self.shed_holdoff = 0            # windows left before auto shedding may switch on again
+        self.shed_from_version = 0       # routing version that switched shedding on
         self.last_window: Window | None = None
         self.pending_stall: dict | None = None
         self.batch_seconds: deque = deque(maxlen=20)
@@ -307,38 +315,52 @@ class Controller:
                 shed += s.get("shed", 0)
         return Window(beats[0]["batch_id"], beats[-1]["batch_id"], last.get("time", time.time()),
                       sum(pts), pts, [round(x, 3) for x in secs], groups, children,
-                      int(last.get("routing_version", 0)), local, cross, shed, int(last.get("lag", 0) or 0))
+                      int(last.get("routing_version", 0)), local, cross, shed, int(last.get("lag", 0) or 0),
+                      min(int(b.get("routing_version", 0)) for b in beats))
 
     def analyze_and_act(self, window: Window, cfg: ElasticConfig) -> dict | None:
         self.since_action += 1
         table = routing.load(self.redis)
-        shed = table.shed
-        if cfg.shed in ("on", "off"):
-            shed = cfg.shed == "on"
-        elif window.lag > cfg.shed_lag:
-            shed = True
-        elif window.lag < cfg.unshed_lag:
-            shed = False
+        shed, why = self._shed_wanted(table, window, cfg)
         imbalance = window.imbalance
         self.over = self.over + 1 if imbalance > cfg.trigger else 0
         act = (cfg.enabled and self.over >= cfg.confirm and self.since_action > cfg.cooldown
                and len(window.partition_points) == table.partitions)
         if not act:
-            self._set_shed(table, shed, window, cfg)
+            self._set_shed(table, shed, why)
             return None
         result = plan(table, window.groups, window.children, cfg)
         predicted = (max(result.predicted) / (sum(result.predicted) / len(result.predicted))
                      if result.predicted and sum(result.predicted) else imbalance)
         if (not result.moves and not result.split and not result.merged) or \
                 (not result.moves and predicted > imbalance * 0.95):
-            self._set_shed(table, shed, window, cfg)
+            self._set_shed(table, shed, why)
             return None
         return self.execute(table, result, imbalance, predicted, shed, window.end_batch)
 
-    def _set_shed(self, table: routing.RoutingTable, shed: bool, window: Window, cfg: ElasticConfig) -> None:
+    def _shed_wanted(self, table: routing.RoutingTable, window: Window, cfg: ElasticConfig) -> tuple[bool, str]:
+        """(shedding on?, why) for this window: forced by config, else by lag and by what it yields."""
+        if cfg.shed in ("on", "off"):
+            return cfg.shed == "on", f"config shed={cfg.shed}"
+        seen = window.points + window.shed
+        judged = table.shed and window.first_routing_version >= self.shed_from_version   # every beat shed
+        if judged and seen >= cfg.min_points and window.shed < cfg.shed_min_yield * seen:
+            self.shed_holdoff = cfg.shed_holdoff
+            return False, f"shed {window.shed} of {seen} reports (< {cfg.shed_min_yield:.0%})"
+        if self.shed_holdoff > 0:
+            self.shed_holdoff -= 1
+            return False, "low yield, holding off"
+        if window.lag > cfg.shed_lag:
+            return True, f"lag {window.lag}"
+        if window.lag < cfg.unshed_lag:
+            return False, f"lag {window.lag}"
+        return table.shed, f"lag {window.lag}"
+
+    def _set_shed(self, table: routing.RoutingTable, shed: bool, why: str) -> None:
         if shed != table.shed:
             routing.publish(self.redis, table.evolve(shed=shed))
-            why = f"config shed={cfg.shed}" if cfg.shed in ("on", "off") else f"lag {window.lag}"
+            if shed:
+                self.shed_from_version = table.version + 1
             self._decide({"why": f"{why} → shed={shed}", "version": table.version + 1})
 
     def execute(self, table: routing.RoutingTable, result: Plan, imbalance: float, predicted: float,
@@ -366,6 +388,8 @@ class Controller:
                 log.warning("elastic: slot migration stopped: %s", exc)
         new = table.evolve(routes=result.routes, splits=result.splits, moved=result.moved_groups, shed=shed)
         routing.publish(self.redis, new)
+        if shed and not table.shed:
+            self.shed_from_version = new.version
         execute_ms = round(1000 * (time.perf_counter() - started), 1)
         self.steps += 1
         self.since_action = 0

@@ -186,3 +186,33 @@ def test_shedding_never_drops_a_report_that_could_produce_an_event(stack):
     assert rec["events"] > 0
     assert rec["lost"] == 0 and rec["duplicated"] == 0 and rec["unexpected"] == 0, (rec, shed_job)
     assert shed_job > 0, "the job shed nothing although routing.shed was on"
+
+
+def test_shedding_that_yields_little_is_switched_off_and_held_off(stack):
+    """Auto shedding: on by lag, off when a window where every batch shed dropped < shed_min_yield of
+    its reports, and not back on (whatever the lag) for shed_holdoff windows."""
+    redis = stack.redis
+    cfg = ElasticConfig(enabled=False, min_points=100, shed_lag=1000, unshed_lag=10, shed_min_yield=0.05,
+                        shed_holdoff=2)
+    ctl = elastic.Controller(redis, cfg)
+    start = routing.load(redis)
+    routing.publish(redis, start.evolve(shed=False))
+
+    def window(points: int, shed: int, lag: int) -> elastic.Window:
+        v = routing.load(redis).version
+        return elastic.Window(1, 1, 0.0, points, [points], [0.1], {}, {}, v, 0, 0, shed, lag, v)
+
+    try:
+        ctl.analyze_and_act(window(1000, 0, 5000), cfg)
+        assert routing.load(redis).shed                                  # lag → on
+        ctl.analyze_and_act(window(1000, 200, 5000), cfg)
+        assert routing.load(redis).shed                                  # 17% shed: it pays, stays on
+        ctl.analyze_and_act(window(1000, 10, 5000), cfg)
+        assert not routing.load(redis).shed                              # 1%: off
+        for _ in range(2):
+            ctl.analyze_and_act(window(1000, 0, 5000), cfg)
+            assert not routing.load(redis).shed                          # held off despite the lag
+        ctl.analyze_and_act(window(1000, 0, 5000), cfg)
+        assert routing.load(redis).shed                                  # hold-off over: on by lag again
+    finally:
+        routing.publish(redis, routing.load(redis).evolve(shed=False))
