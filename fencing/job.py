@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from deploy.settings import TOPIC_REPORTS, Settings, load_settings
 from fencing import keys, routing
 from fencing.fence_store import DELETED_FENCES
-from fencing.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_STATS, \
+from fencing.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
     ProcessContext, process_partition
 from fencing.redis_conn import cluster
 from fencing.silent import SilentScanner
@@ -72,7 +72,7 @@ class BatchProcessor:
         # df: the source's reports, already parsed and routed by the readers (fencing.report_source)
         rows = df.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).collect()
         spark_s = time.time() - started
-        events, dead, pings, stats = [], [], [], []
+        events, dead, pings, stats, readers = [], [], [], [], []
         for row in rows:
             if row.kind == OUT_KIND_EVENT:
                 events.append(orjson.loads(row.payload))
@@ -82,8 +82,11 @@ class BatchProcessor:
                 pings.append(row.payload)
             elif row.kind == OUT_KIND_STATS:
                 stats.append(orjson.loads(row.payload))
+            elif row.kind == OUT_KIND_READ:
+                readers.append(orjson.loads(row.payload))
         self.sinks.write(f"{self.run_id}:{batch_id}", events, dead, pings)
-        timing = {"spark_s": round(spark_s, 3), "sinks_s": round(time.time() - started - spark_s, 3)}
+        timing = {"spark_s": round(spark_s, 3), "sinks_s": round(time.time() - started - spark_s, 3),
+                  "readers": readers}
         self._heartbeat(batch_id, table.version, started, events, dead, stats, timing)
 
     def _heartbeat(self, batch_id, routing_version, started, events, dead, stats, timing=None) -> None:

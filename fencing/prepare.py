@@ -7,10 +7,12 @@ then owns the device's state for the batch.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+import orjson
 import pandas as pd
 import pyarrow as pa
 
@@ -21,7 +23,7 @@ from fencing.redis_conn import cluster
 from fencing.routing import RoutingTable, buckets_of, device_runs
 from ingest.validate import DeadLetter, parse_kafka_values
 
-KIND_REPORT, KIND_DEAD, KIND_PING = 0, 1, 2
+KIND_REPORT, KIND_DEAD, KIND_PING, KIND_READ = 0, 1, 2, 3   # KIND_READ: the reader's own timings
 
 PREPARED = pa.schema([
     ("kind", pa.int8()), ("route", pa.int64()), ("farm_id", pa.string()), ("device_id", pa.string()),
@@ -61,9 +63,11 @@ def _resolve_farms(redis, table: pa.Table) -> tuple[np.ndarray, list[str]]:
 
 
 def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]":
+    started = time.perf_counter()
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     if not tables:
         return
+    read_s = time.perf_counter() - started
     raw = pa.concat_tables(tables)
     parsed = parse_kafka_values(raw.column("value").combine_chunks(), raw.column("key").combine_chunks(),
                                 raw.column("partition").combine_chunks(), raw.column("offset").combine_chunks(),
@@ -78,7 +82,6 @@ def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]
             parts = good.column("kafka_partition").to_numpy()
             offs = good.column("kafka_offset").to_numpy()
             values = good.select(["device_id", "ts", "lat", "lon"]).to_pylist()
-            import orjson
             dead += [DeadLetter(reasons[i], orjson.dumps(values[i]).decode(), TOPIC_REPORTS, int(parts[i]), int(offs[i]))
                      for i in np.flatnonzero(bad)]
             keep = ~bad
@@ -89,6 +92,10 @@ def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]
         out.append(_side_rows(KIND_DEAD, [d.to_bytes().decode() for d in dead], ctx))
     if parsed.pings:
         out.append(_side_rows(KIND_PING, [str(p) for p in parsed.pings], ctx))
+    # where a batch's time goes before the shuffle: reported in the heartbeat ("readers")
+    timing = {"records": raw.num_rows, "read_s": round(read_s, 4),
+              "prepare_s": round(time.perf_counter() - started - read_s, 4)}
+    out.append(_side_rows(KIND_READ, [orjson.dumps(timing).decode()], ctx))
     yield from out
 
 

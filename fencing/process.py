@@ -18,14 +18,15 @@ from pyspark import TaskContext
 from fencing import history, keys, notify
 from fencing.fence_cache import process_cache
 from fencing.h3util import cell_to_str, cells_for_points
-from fencing.prepare import KIND_REPORT
+from fencing.prepare import KIND_DEAD, KIND_PING, KIND_READ, KIND_REPORT
 from fencing.node_pipe import NodePipeline
 from fencing.redis_conn import cluster
 from fencing.routing import RoutingTable, group_slot
 from fencing.sinks import event_log
 from fencing.transitions import DeviceState, Event, advance
 
-OUT_KIND_EVENT, OUT_KIND_DEAD, OUT_KIND_PING, OUT_KIND_STATS = 0, 1, 2, 3
+OUT_KIND_EVENT, OUT_KIND_DEAD, OUT_KIND_PING, OUT_KIND_STATS, OUT_KIND_READ = 0, 1, 2, 3, 4
+_SIDE = {KIND_DEAD: OUT_KIND_DEAD, KIND_PING: OUT_KIND_PING, KIND_READ: OUT_KIND_READ}
 OUTPUT = pa.schema([("kind", pa.int8()), ("payload", pa.string())])
 OUTPUT_DDL = "kind tinyint, payload string"
 
@@ -70,8 +71,7 @@ def process_partition(ctx: ProcessContext, batches):
     if table is not None:
         kinds = table.column("kind").to_numpy()
         payload = table.column("payload").to_pylist()
-        side = [(OUT_KIND_DEAD if k == 1 else OUT_KIND_PING, payload[i])
-                for i, k in enumerate(kinds) if k != KIND_REPORT]
+        side = [(_SIDE[k], payload[i]) for i, k in enumerate(kinds.tolist()) if k != KIND_REPORT]
         reports = table.filter(pa.array(kinds == KIND_REPORT))
         if reports.num_rows:
             history.write_batch(ctx.history_dir, ctx.version, partition, reports)
