@@ -79,6 +79,14 @@ def _consumer(bootstrap: str):  # noqa: ANN202 - confluent_kafka.Consumer
     })
 
 
+def _in_spark_task() -> bool:
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return False
+    return TaskContext.get() is not None
+
+
 def _read_confluent(r: KafkaRange) -> Iterator[pa.RecordBatch]:
     from confluent_kafka import KafkaError, TopicPartition
     c = _consumer(r.bootstrap)
@@ -127,7 +135,8 @@ def _read_confluent(r: KafkaRange) -> Iterator[pa.RecordBatch]:
             if len(values) >= BATCH_ROWS or (pos >= r.end and values):
                 yield _batch(r, keys, values, offsets, tss)
                 keys, values, offsets, tss = [], [], [], []
-        reusable = True
+        # only a Spark task's worker keeps it (it will read the next range); anything else closes it
+        reusable = _in_spark_task()
     finally:
         if reusable and r.bootstrap not in _IDLE:
             c.unassign()            # stops its prefetching; the next read assigns its own range
