@@ -40,13 +40,10 @@ def all_groups(redis) -> list[str]:
     """Every cell group that holds or held fences: the registry set, or (data saved before it
     existed) a scan of the group fence hashes on every master."""
     groups = redis.smembers(keys.FENCE_GROUPS)
-    if groups:
-        return sorted(g.decode() if isinstance(g, bytes) else g for g in groups)
-    found = set()
-    for key in redis.scan_iter(match="{g:*}:fences", count=10_000, target_nodes=redis.PRIMARIES):
-        key = key.decode() if isinstance(key, bytes) else key
-        found.add(key[3:key.index("}")])
-    return sorted(found)
+    if not groups:
+        groups = {key[3:key.index("}")] for key in
+                  redis.scan_iter(match="{g:*}:fences", count=10_000, target_nodes=redis.PRIMARIES)}
+    return sorted(groups)
 
 
 @functools.lru_cache(maxsize=1 << 16)

@@ -98,13 +98,18 @@ class BatchProcessor:
         self.totals["redis_cross"] += sum(s.get("redis_cross", 0) for s in stats)
         shed = sum(s.get("shed", 0) for s in stats)
         self.totals["shed"] += shed
+        progress = self._last_progress()
         beat = {"batch_id": batch_id, "time": time.time(), "duration_s": round(time.time() - started, 3),
                 "points": points, "events": len(events), "dead_letters": len(dead),
                 "routing_version": routing_version, "partitions": sorted(stats, key=lambda s: s["partition"]),
                 "events_total": self.totals["events"], "dead_letters_total": self.totals["dead"],
                 "points_total": self.totals["points"], "redis_local_total": self.totals["redis_local"],
                 "redis_cross_total": self.totals["redis_cross"], "shed": shed, "shed_total": self.totals["shed"],
-                "lag": self._lag(), "previous_trigger_ms": self._previous_trigger_ms(), **(timing or {})}
+                "lag": self._lag(progress),
+                # Spark's breakdown of the previous trigger (latestOffset, queryPlanning, addBatch = our
+                # foreachBatch, walCommit, commitOffsets): what a batch costs outside the tasks
+                "previous_trigger_ms": dict(progress[0].get("durationMs") or {}) if progress else {},
+                **(timing or {})}
         self.redis.set(keys.JOB_HEARTBEAT, orjson.dumps(beat))
         self.redis.lpush(keys.JOB_HEARTBEAT + ":log", orjson.dumps(beat))   # recent beats (elastic scenario)
         self.redis.ltrim(keys.JOB_HEARTBEAT + ":log", 0, 4999)
@@ -112,25 +117,21 @@ class BatchProcessor:
             self.observer(beat)
 
 
-    def _previous_trigger_ms(self) -> dict:
-        """Spark's own breakdown of the previous micro-batch (latestOffset, queryPlanning, addBatch =
-        our foreachBatch, walCommit, commitOffsets, triggerExecution): what a batch costs outside the
-        tasks."""
+    def _last_progress(self) -> list[dict]:
+        """The active queries' last progress reports (one py4j round trip each, read once per beat)."""
         try:
-            for query in self.spark.streams.active:
-                return dict((query.lastProgress or {}).get("durationMs") or {})
+            return [query.lastProgress or {} for query in self.spark.streams.active]
         except Exception:  # noqa: BLE001 - a metric, never a failure
-            pass
-        return {}
+            return []
 
-    def _lag(self) -> int:
+    @staticmethod
+    def _lag(progress: list[dict]) -> int:
         """Records in the source not yet processed (latest offset minus the batch's end offset), from the
         query's last progress report: one batch late, no extra Kafka round trip."""
         try:
             lag = 0
-            for query in self.spark.streams.active:
-                progress = query.lastProgress or {}
-                for source in progress.get("sources", []):
+            for report in progress:
+                for source in report.get("sources", []):
                     latest, end = source.get("latestOffset"), source.get("endOffset")
                     latest = orjson.loads(latest) if isinstance(latest, str) else latest
                     end = orjson.loads(end) if isinstance(end, str) else end

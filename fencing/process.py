@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
-import pandas as pd
 import pyarrow as pa
 from pyspark import TaskContext
 
@@ -21,7 +20,7 @@ from fencing.h3util import cell_to_str, cells_for_points
 from fencing.prepare import KIND_DEAD, KIND_PING, KIND_READ, KIND_REPORT
 from fencing.node_pipe import NodePipeline
 from fencing.redis_conn import cluster
-from fencing.routing import RoutingTable, group_slot
+from fencing.routing import RoutingTable, device_runs, group_slot
 from fencing.sinks import event_log
 from fencing.transitions import DeviceState, Event, advance
 
@@ -69,10 +68,11 @@ def process_partition(ctx: ProcessContext, batches):
     side: list[tuple[int, str]] = []
     stats = {"partition": partition, "points": 0, "groups": {}, "redis_local": 0, "redis_cross": 0, "events": 0}
     if table is not None:
-        kinds = table.column("kind").to_numpy()
-        payload = table.column("payload").to_pylist()
-        side = [(_SIDE[k], payload[i]) for i, k in enumerate(kinds.tolist()) if k != KIND_REPORT]
-        reports = table.filter(pa.array(kinds == KIND_REPORT))
+        is_report = table.column("kind").to_numpy() == KIND_REPORT
+        if not is_report.all():     # the few side rows only: no Python object per report
+            rest = table.filter(pa.array(~is_report))
+            side = [(_SIDE[k], p) for k, p in zip(rest.column("kind").to_pylist(), rest.column("payload").to_pylist())]
+        reports = table.filter(pa.array(is_report))
         if reports.num_rows:
             history.write_batch(ctx.history_dir, ctx.version, partition, reports)
             events, stats = _process_reports(ctx, partition, reports)
@@ -88,11 +88,12 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     redis = cluster(ctx.redis_host, ctx.redis_port)
     counter = CallCounter(ctx.routing, partition)
     frame = reports.select(["farm_id", "device_id", "ts", "lat", "lon", "battery", "cell", "grp"]).to_pandas()
-    frame["dkey"] = frame["farm_id"] + "/" + frame["device_id"]
     # Arrival (Kafka offset) order per device, not ts order: a late report must meet the state its
     # device already has, whichever batch it lands in (the shuffle keeps one map task's row order).
-    codes, _ = pd.factorize(frame["dkey"], sort=True)      # integer codes sort far faster than strings
-    frame = frame.iloc[np.argsort(codes, kind="stable")].reset_index(drop=True)
+    runs = device_runs(reports.column("farm_id"), reports.column("device_id"))
+    order = np.argsort(runs.codes, kind="stable")
+    frame = frame.iloc[order].reset_index(drop=True)
+    codes = runs.codes[order]
     cells = frame["cell"].to_numpy().view(np.uint64)
 
     cache = process_cache()
@@ -112,10 +113,10 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     clock.lap("match")
 
     # the device's home group for this batch = group of its last report (same rule as the router)
-    dkey_col = frame["dkey"].to_numpy()
-    bounds = np.flatnonzero(np.r_[True, dkey_col[1:] != dkey_col[:-1]])
+    bounds = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
     ends = np.r_[bounds[1:], len(frame)]
-    devices = DeviceBatch(dkeys=dkey_col[bounds].tolist(), homes=frame["grp"].to_numpy()[ends - 1].tolist())
+    devices = DeviceBatch(dkeys=[runs.keys[c] for c in codes[bounds].tolist()],
+                          homes=frame["grp"].to_numpy()[ends - 1].tolist())
     _read_states(redis, ctx.version, devices, counter)
     clock.lap("read_state")
 

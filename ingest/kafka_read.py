@@ -59,16 +59,19 @@ def read_range(r: KafkaRange) -> Iterator[pa.RecordBatch]:
     return _read_confluent(r) if r.client == "confluent" else _read_kafka_python(r)
 
 
-# Idle consumers of this Python worker, by bootstrap servers. Spark reuses its Python workers, so a
-# range read by a worker that read one before skips the consumer's start (connect, metadata, first
-# fetch): part of every micro-batch's fixed cost. A read owns its consumer until it returns it.
-_IDLE: dict[str, object] = {}
+# The idle consumer of this Python worker (bootstrap servers, consumer). Spark reuses its Python workers,
+# so a range read by a worker that read one before skips the consumer's start (connect, metadata, first
+# fetch): part of every micro-batch's fixed cost. A read owns the consumer until it hands it back.
+_idle: tuple[str, object] | None = None
 
 
 def _consumer(bootstrap: str):  # noqa: ANN202 - confluent_kafka.Consumer
+    global _idle
     from confluent_kafka import Consumer
-    idle = _IDLE.pop(bootstrap, None)
-    return idle if idle is not None else Consumer({
+    if _idle is not None and _idle[0] == bootstrap:
+        consumer, _idle = _idle[1], None
+        return consumer
+    return Consumer({
         "bootstrap.servers": bootstrap, "group.id": "herdfence-reader",
         "enable.auto.commit": False, "enable.partition.eof": True,
         # "error": an out-of-range start surfaces as an event instead of a silent reset.
@@ -77,6 +80,15 @@ def _consumer(bootstrap: str):  # noqa: ANN202 - confluent_kafka.Consumer
         "receive.message.max.bytes": 209_715_200, "log_level": 3,
         "fetch.error.backoff.ms": 10, "fetch.queue.backoff.ms": 1,
     })
+
+
+def _hand_back(bootstrap: str, consumer) -> None:  # noqa: ANN001
+    """Keep it for the next read (one per worker: a job reads one cluster), closing any other."""
+    global _idle
+    consumer.unassign()             # stops its prefetching; the next read assigns its own range
+    if _idle is not None:
+        _idle[1].close()
+    _idle = (bootstrap, consumer)
 
 
 def _in_spark_task() -> bool:
@@ -138,11 +150,8 @@ def _read_confluent(r: KafkaRange) -> Iterator[pa.RecordBatch]:
         # only a Spark task's worker keeps it (it will read the next range); anything else closes it
         reusable = _in_spark_task()
     finally:
-        if reusable and r.bootstrap not in _IDLE:
-            c.unassign()            # stops its prefetching; the next read assigns its own range
-            for other in [b for b in _IDLE if b != r.bootstrap]:
-                _IDLE.pop(other).close()        # one cluster per job: don't keep others reconnecting
-            _IDLE[r.bootstrap] = c
+        if reusable:
+            _hand_back(r.bootstrap, c)
         else:                       # failed or abandoned mid-range: never hand on a consumer in doubt
             c.close()
 
