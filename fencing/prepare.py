@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import orjson
-import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from deploy.settings import TOPIC_REPORTS
 from fencing import keys
@@ -42,24 +42,26 @@ class PrepareContext:
     salts: list[int]            # salts[p]: a route value Spark's hash partitioner sends to partition p
 
 
-def _resolve_farms(redis, table: pa.Table) -> tuple[np.ndarray, list[str]]:
-    """farm of each report (from the report, else the device registry); reasons for the unresolved."""
-    farm = np.array(table.column("farm_id").to_pylist(), dtype=object)
-    devices = np.array(table.column("device_id").to_pylist(), dtype=object)
-    missing = np.flatnonzero(pd.isna(farm))
-    reasons: list[str] = [None] * len(farm)
-    if len(missing):
-        unique = sorted(set(devices[missing]))
-        registry = dict(zip(unique, redis.hmget(keys.DEVICE_REGISTRY, unique)))
-        for i in missing:
-            owner = registry.get(devices[i])
-            if owner is None:
-                reasons[i] = "unknown device_id: register it with POST /v1/devices"
-            elif "," in owner:
-                reasons[i] = "device_id is registered in several farms: include farm_id in the report"
-            else:
-                farm[i] = owner
-    return farm, reasons
+# why a report's farm cannot be resolved from the device registry (index = code; 0 = resolved)
+FARM_REASONS = (None, "unknown device_id: register it with POST /v1/devices",
+                "device_id is registered in several farms: include farm_id in the report")
+
+
+def _resolve_farms(redis, table: pa.Table) -> tuple[pa.Array, np.ndarray]:
+    """Farm of each report (from the report, else the device registry, one HMGET of the distinct
+    devices) and a FARM_REASONS code per report (0 = resolved). Arrow throughout: no Python object
+    per report."""
+    farm = table.column("farm_id").combine_chunks()
+    codes = np.zeros(len(farm), dtype=np.int8)
+    if not farm.null_count:
+        return farm, codes
+    missing = farm.is_null()
+    devices = table.column("device_id").combine_chunks().filter(missing).dictionary_encode()
+    owners = redis.hmget(keys.DEVICE_REGISTRY, devices.dictionary.to_pylist())
+    code_of = np.array([1 if o is None else 2 if "," in o else 0 for o in owners], dtype=np.int8)
+    farm = pc.replace_with_mask(farm, missing, pa.array(owners, pa.string()).take(devices.indices))
+    codes[missing.to_numpy(zero_copy_only=False)] = code_of[devices.indices.to_numpy(zero_copy_only=False)]
+    return farm, codes
 
 
 def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]":
@@ -76,16 +78,16 @@ def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]
     good = parsed.good
     out: list[pa.RecordBatch] = []
     if good.num_rows:
-        farm, reasons = _resolve_farms(cluster(ctx.redis_host, ctx.redis_port), good)
-        bad = np.array([r is not None for r in reasons], dtype=bool)
+        farm, codes = _resolve_farms(cluster(ctx.redis_host, ctx.redis_port), good)
+        bad = codes != 0
         if bad.any():
             parts = good.column("kafka_partition").to_numpy()
             offs = good.column("kafka_offset").to_numpy()
             values = good.select(["device_id", "ts", "lat", "lon"]).to_pylist()
-            dead += [DeadLetter(reasons[i], orjson.dumps(values[i]).decode(), TOPIC_REPORTS, int(parts[i]), int(offs[i]))
-                     for i in np.flatnonzero(bad)]
-            keep = ~bad
-            good, farm = good.filter(pa.array(keep)), farm[keep]
+            dead += [DeadLetter(FARM_REASONS[codes[i]], orjson.dumps(values[i]).decode(), TOPIC_REPORTS,
+                                int(parts[i]), int(offs[i])) for i in np.flatnonzero(bad)]
+            keep = pa.array(~bad)
+            good, farm = good.filter(keep), farm.filter(keep)
         if good.num_rows:
             out.append(_routed_reports(ctx, good, farm))
     if dead:
@@ -99,7 +101,7 @@ def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]
     yield from out
 
 
-def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: np.ndarray) -> pa.RecordBatch:
+def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> pa.RecordBatch:
     lat = good.column("lat").to_numpy()
     lon = good.column("lon").to_numpy()
     ts = good.column("ts").to_numpy()
@@ -108,7 +110,7 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: np.ndarray) -> pa
     unique_groups, group_code = np.unique(group_cells, return_inverse=True)
     group_names = np.array(cells_to_strs(unique_groups), dtype=object)
     # the route of a device = partition of the group of its last report (arrival order) in this batch
-    devices = device_runs(farm.astype(str).tolist(), good.column("device_id"))
+    devices = device_runs(farm, good.column("device_id"))
     last_group = group_code[devices.last]
     salts = np.asarray(ctx.salts, dtype=np.int64)
     if ctx.routing.splits and any(g in ctx.routing.splits for g in group_names):
@@ -122,7 +124,7 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: np.ndarray) -> pa
     route = salts[parts[devices.codes]]
     n = good.num_rows
     return pa.RecordBatch.from_arrays([
-        pa.array(np.zeros(n, np.int8)), pa.array(route), pa.array(farm.astype(str).tolist(), pa.string()),
+        pa.array(np.zeros(n, np.int8)), pa.array(route), farm,
         good.column("device_id").combine_chunks(), pa.array(ts, pa.int64()), pa.array(lat), pa.array(lon),
         good.column("battery").combine_chunks().cast(pa.float64()), pa.array(cells.view(np.int64)),
         pa.array(group_names[group_code].tolist(), pa.string()), pa.nulls(n, pa.string()),

@@ -95,6 +95,9 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
+               # Int.MaxValue turns off the per-row Arrow size check feeding mapInArrow (ArrowWriter
+               # .sizeInBytes after every row: 14% of the executor JVM's CPU at 64 MB, the default)
+               .config("spark.sql.execution.arrow.maxBytesPerBatch", "2147483647")
                .config("spark.python.worker.reuse", "true")
                .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
                .config("spark.executorEnv.PYTHONHASHSEED", "0"))

@@ -87,9 +87,11 @@ def event_id(fence_uid: str, device_id: str, kind: str, ts: int) -> str:
 
 
 def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float], lon: list[float],
-            matched: list[frozenset[str]], rules: dict[str, FenceRules], deleted: set[str]) -> Advanced:
-    """Apply one device's reports (in arrival order) to its state in place."""
-    steady = _steady(state, matched, rules, deleted)
+            matched: list[frozenset[str]], rules: dict[str, FenceRules], deleted: set[str],
+            uniform: bool | None = None) -> Advanced:
+    """Apply one device's reports (in arrival order) to its state in place. `uniform`: whether every
+    report matched the same fences, when the caller knows (it computed that for a whole batch)."""
+    steady = uniform is not False and _steady(state, matched, rules, deleted, uniform)
     events: list[Event] = []
     last = -1
     for i, (t, la, lo, inside_now) in enumerate(zip(ts, lat, lon, matched)):
@@ -116,7 +118,7 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
 
 
 def _steady(state: DeviceState, matched: list[frozenset[str]], rules: dict[str, FenceRules],
-            deleted: set[str]) -> bool:
+            deleted: set[str], uniform: bool | None = None) -> bool:
     """Fast path: every report agrees with the confirmed state (the common case: a cow grazing inside
     its paddock, or outside all fences) and nothing is pending or timed — nothing can change."""
     confirmed = frozenset(u for u, s in state.fences.items() if s.inside)
@@ -124,6 +126,8 @@ def _steady(state: DeviceState, matched: list[frozenset[str]], rules: dict[str, 
         return False
     if any(rules.get(u, DEFAULT_RULES).dwell_seconds for u in confirmed):
         return False
+    if uniform:                 # all the same: one comparison
+        return not matched or matched[0] == confirmed
     return all(m == confirmed for m in matched)
 
 
