@@ -12,6 +12,7 @@ import time
 import orjson
 
 from fencing import keys
+from fencing.node_pipe import NodePipeline
 from fencing.transitions import event_id
 
 log = logging.getLogger("herdfence.silent")
@@ -19,28 +20,44 @@ SILENT_AFTER_S = float(os.environ.get("HERDFENCE_SILENT_SECONDS", "3600"))
 SCAN_EVERY_S = float(os.environ.get("HERDFENCE_SILENT_SCAN_SECONDS", "30"))
 
 
+SCAN_CHUNK = 5_000      # farms per pipelined round (one round trip per master each)
+
+
 def silent_events(redis, now_ms: int, silent_after_ms: int) -> list[dict]:
     """One `silent` event per device whose latest report is older than the cutoff; the device leaves
-    the last-seen index (only if it has not reported meanwhile) until its next report puts it back."""
+    the last-seen index (only if it has not reported meanwhile) until its next report puts it back.
+    The farms' indexes are read pipelined per master, not one round trip per farm: a region has tens
+    of thousands of farms, and the scan shares the driver (and Redis) with the micro-batches."""
     cutoff = now_ms - silent_after_ms
+    farms = sorted(redis.smembers(keys.FARMS))
+    pipe = NodePipeline(redis)
     out = []
-    for farm_id in sorted(redis.smembers(keys.FARMS)):
-        index = keys.last_seen(farm_id)
-        quiet = redis.zrangebyscore(index, "-inf", cutoff, start=0, num=10_000, withscores=True)
-        if not quiet:
-            continue
-        devices = [d for d, _ in quiet]
-        last_arrival = dict(quiet)
-        for device_id, raw in zip(devices, redis.hmget(keys.positions(farm_id), devices)):
-            if raw is None:
-                continue
-            pos = orjson.loads(raw)
-            fences = pos.get("fences") or []
-            out.append({"event_id": event_id(f"{farm_id}/", device_id, "silent", pos["ts"]),
-                        "type": "silent", "farm_id": farm_id, "device_id": device_id,
-                        "fence_id": fences[0] if len(fences) == 1 else None,
-                        "ts": int(last_arrival[device_id]) + silent_after_ms, "lat": pos["lat"], "lon": pos["lon"]})
+    for start in range(0, len(farms), SCAN_CHUNK):
+        chunk = farms[start:start + SCAN_CHUNK]
+        for farm_id in chunk:
+            index = keys.last_seen(farm_id)
+            pipe.command(index, "ZRANGEBYSCORE", index, "-inf", cutoff, "WITHSCORES", "LIMIT", 0, 10_000)
+        quiet = [(farm_id, _pairs(answer)) for farm_id, answer in zip(chunk, pipe.execute()) if answer]
+        for farm_id, pairs in quiet:
+            pipe.hmget(keys.positions(farm_id), [d for d, _ in pairs])
+        for (farm_id, pairs), raws in zip(quiet, pipe.execute()):
+            for (device_id, arrived_ms), raw in zip(pairs, raws):
+                if raw is None:
+                    continue
+                pos = orjson.loads(raw)
+                fences = pos.get("fences") or []
+                out.append({"event_id": event_id(f"{farm_id}/", device_id, "silent", pos["ts"]),
+                            "type": "silent", "farm_id": farm_id, "device_id": device_id,
+                            "fence_id": fences[0] if len(fences) == 1 else None,
+                            "ts": int(arrived_ms) + silent_after_ms, "lat": pos["lat"], "lon": pos["lon"]})
     return out
+
+
+def _pairs(answer: list) -> list[tuple[str, float]]:
+    """(member, score) pairs of a raw ZRANGEBYSCORE … WITHSCORES answer (flat in RESP2, pairs in RESP3)."""
+    if answer and isinstance(answer[0], (list, tuple)):
+        return [(m, float(s)) for m, s in answer]
+    return [(m, float(s)) for m, s in zip(answer[::2], answer[1::2])]
 
 
 def forget(redis, events: list[dict], cutoff: int) -> None:
