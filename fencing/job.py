@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from deploy.settings import TOPIC_REPORTS, Settings, load_settings
 from fencing import keys, routing
 from fencing.fence_store import DELETED_FENCES
-from fencing.prepare import with_groups
+from fencing.prepare import unpack
 from fencing.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
     ProcessContext, process_partition
 from fencing.redis_conn import cluster
@@ -67,9 +67,9 @@ class BatchProcessor:
         proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id)
         if self.elastic:   # the elastic wrapper: moved-group cache invalidation, child loads, shedding
             from fencing.elastic import elastic_process
-            stage = lambda it: elastic_process(proc, with_groups(it))   # noqa: E731
+            stage = lambda it: elastic_process(proc, unpack(it))   # noqa: E731
         else:
-            stage = lambda it: process_partition(proc, with_groups(it))   # noqa: E731
+            stage = lambda it: process_partition(proc, unpack(it))   # noqa: E731
         # df: the source's reports, already parsed and routed by the readers (fencing.report_source)
         rows = df.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).collect()
         spark_s = time.time() - started

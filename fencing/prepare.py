@@ -25,13 +25,25 @@ from ingest.validate import DeadLetter, parse_kafka_values
 
 KIND_REPORT, KIND_DEAD, KIND_PING, KIND_READ = 0, 1, 2, 3   # KIND_READ: the reader's own timings
 
+def _listed(t: pa.DataType) -> pa.DataType:
+    return pa.list_(pa.field("element", t))       # Spark's name for an array's items
+
+
+# What the readers hand to the shuffle: one row per device and batch (its reports' values as arrays,
+# in arrival order), plus side rows (dead letters, pings, reader timings; payload set, arrays null).
+# Per device rather than per report: the JVM converts and shuffles rows and strings, and a flood
+# batch holds ~25 reports per device (fencing/README: where the time goes).
+LISTED = ("ts", "lat", "lon", "battery", "cell")
 PREPARED = pa.schema([
     ("kind", pa.int8()), ("route", pa.int64()), ("farm_id", pa.string()), ("device_id", pa.string()),
-    ("ts", pa.int64()), ("lat", pa.float64()), ("lon", pa.float64()), ("battery", pa.float64()),
-    ("cell", pa.int64()), ("payload", pa.string()),
+    ("ts", _listed(pa.int64())), ("lat", _listed(pa.float64())), ("lon", _listed(pa.float64())),
+    ("battery", _listed(pa.float64())), ("cell", _listed(pa.int64())), ("payload", pa.string()),
 ])
-PREPARED_DDL = ("kind tinyint, route long, farm_id string, device_id string, ts long, lat double, lon double, "
-                "battery double, cell long, payload string")
+PREPARED_DDL = ("kind tinyint, route bigint, farm_id string, device_id string, ts array<bigint>, "
+                "lat array<double>, lon array<double>, battery array<double>, cell array<bigint>, payload string")
+# What the process stage works on: one row per report (see `unpack`)
+REPORTS = pa.schema([pa.field(f.name, f.type.value_type if f.name in LISTED else f.type) for f in PREPARED]
+                    + [pa.field("grp", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -121,37 +133,52 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> pa.R
     else:
         partition_of_group = np.array([ctx.routing.partition_of(g) for g in group_names], dtype=np.int64)
         parts = partition_of_group[last_group]
-    route = salts[parts[devices.codes]]
-    n = good.num_rows
+    # one row per device: its reports' values as arrays, in arrival order
+    order = np.argsort(devices.codes, kind="stable")
+    offsets = pa.array(np.r_[0, np.cumsum(devices.count)].astype(np.int32))
+    first = pa.array(order[offsets.to_numpy()[:-1]])
+    take = pa.array(order)
+
+    def listed(values: pa.Array) -> pa.ListArray:
+        return pa.ListArray.from_arrays(offsets, values.take(take), type=_listed(values.type))
+
+    n = len(devices.keys)
     return pa.RecordBatch.from_arrays([
-        pa.array(np.zeros(n, np.int8)), pa.array(route), farm,
-        good.column("device_id").combine_chunks(), pa.array(ts, pa.int64()), pa.array(lat), pa.array(lon),
-        good.column("battery").combine_chunks().cast(pa.float64()), pa.array(cells.view(np.int64)),
-        pa.nulls(n, pa.string()),
+        pa.array(np.zeros(n, np.int8)), pa.array(salts[parts]), farm.take(first),
+        good.column("device_id").combine_chunks().take(first), listed(pa.array(ts, pa.int64())),
+        listed(pa.array(lat)), listed(pa.array(lon)), listed(good.column("battery").combine_chunks().cast(pa.float64())),
+        listed(pa.array(cells.view(np.int64))), pa.nulls(n, pa.string()),
     ], schema=PREPARED)
 
 
 def _side_rows(kind: int, payloads: list[str], ctx: PrepareContext) -> pa.RecordBatch:
     n = len(payloads)
-    return pa.RecordBatch.from_arrays([
-        pa.array(np.full(n, kind, np.int8)), pa.array(np.full(n, ctx.salts[0], np.int64)),
-        pa.nulls(n, pa.string()), pa.nulls(n, pa.string()), pa.nulls(n, pa.int64()), pa.nulls(n, pa.float64()),
-        pa.nulls(n, pa.float64()), pa.nulls(n, pa.float64()), pa.nulls(n, pa.int64()),
-        pa.array(payloads, pa.string()),
-    ], schema=PREPARED)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(np.full(n, kind, np.int8)), pa.array(np.full(n, ctx.salts[0], np.int64))]
+        + [pa.nulls(n, f.type) for f in PREPARED if f.name not in ("kind", "route", "payload")]
+        + [pa.array(payloads, pa.string())], schema=PREPARED)
 
 
-def with_groups(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The process stage's input with each report's cell group ("grp") added back. The shuffle does
-    not carry it: it follows from the cell, and a string column less is ~15% less for the JVM to
-    convert and shuffle per report (null for side rows)."""
+def unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The process stage's input as one row per report again (REPORTS), each with its cell group
+    ("grp"): the shuffle does not carry the group, it follows from the cell. Side rows pass through."""
     for batch in batches:
-        cells = batch.column("cell")
-        names = pa.nulls(batch.num_rows, pa.string())
-        if batch.num_rows and cells.null_count < batch.num_rows:
-            valid = cells.is_valid()
-            groups, code = np.unique(parent(cells.filter(valid).to_numpy().view(np.uint64), keys.GROUP_RES),
-                                     return_inverse=True)
-            known = pa.array(np.array(cells_to_strs(groups), dtype=object)[code], pa.string())
-            names = known if cells.null_count == 0 else pc.replace_with_mask(names, valid, known)
-        yield batch.append_column("grp", names)
+        if not batch.num_rows:
+            continue
+        is_report = batch.column("kind").to_numpy(zero_copy_only=False) == KIND_REPORT
+        if is_report.any():
+            devices = batch.filter(pa.array(is_report))
+            owner = pc.list_parent_indices(devices.column("ts"))
+            yield _with_groups([pc.list_flatten(devices.column(f.name)) if f.name in LISTED
+                                else devices.column(f.name).take(owner) for f in REPORTS if f.name != "grp"])
+        if not is_report.all():
+            side = batch.filter(pa.array(~is_report))
+            yield pa.RecordBatch.from_arrays([pa.nulls(side.num_rows, f.type) if f.name in LISTED + ("grp",)
+                                              else side.column(f.name) for f in REPORTS], schema=REPORTS)
+
+
+def _with_groups(columns: list[pa.Array]) -> pa.RecordBatch:
+    cells = columns[[f.name for f in REPORTS].index("cell")].to_numpy(zero_copy_only=False).view(np.uint64)
+    groups, code = np.unique(parent(cells, keys.GROUP_RES), return_inverse=True)
+    names = pa.array(np.array(cells_to_strs(groups), dtype=object)[code.ravel()], pa.string())
+    return pa.RecordBatch.from_arrays(columns + [names], schema=REPORTS)
