@@ -32,7 +32,7 @@ def _listed(t: pa.DataType) -> pa.DataType:
 # What the readers hand to the shuffle: one row per device and batch (its reports' values as arrays,
 # in arrival order), plus side rows (dead letters, pings, reader timings; payload set, arrays null).
 # Per device rather than per report: the JVM converts and shuffles rows and strings, and a flood
-# batch holds ~25 reports per device (fencing/README: where the time goes).
+# batch holds ~25 reports per device (docs/benchmarks-notes.md: where the time goes).
 LISTED = ("ts", "lat", "lon", "battery", "cell")
 PREPARED = pa.schema([
     ("kind", pa.int8()), ("route", pa.int64()), ("farm_id", pa.string()), ("device_id", pa.string()),

@@ -98,6 +98,10 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
                # Int.MaxValue turns off the per-row Arrow size check feeding mapInArrow (ArrowWriter
                # .sizeInBytes after every row: 14% of the executor JVM's CPU at 64 MB, the default)
                .config("spark.sql.execution.arrow.maxBytesPerBatch", "2147483647")
+               # a per-row XXH64 over the shuffle (12% of the executor JVM's CPU) that detects retried
+               # map tasks writing different rows; ours read a fixed Kafka offset range and the routing
+               # table only changes between micro-batches, so a retry writes the same rows
+               .config("spark.sql.shuffle.orderIndependentChecksum.enabled", "false")
                .config("spark.python.worker.reuse", "true")
                .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
                .config("spark.executorEnv.PYTHONHASHSEED", "0"))
