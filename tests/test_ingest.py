@@ -285,6 +285,9 @@ def test_fast_and_slow_paths_agree():
     slow = _kafka(vals + [b"{bad"])  # one bad value sends the batch down the orjson path
     assert fast.good.equals(slow.good)
     assert [d.reason for d in fast.dead] == [d.reason for d in slow.dead[:-1]]
+    # a line break inside a value (pretty-printed JSON) is valid: it takes the value-by-value path
+    pretty = _kafka(vals[:2] + [orjson.dumps(GOOD, option=orjson.OPT_INDENT_2)])
+    assert pretty.good.num_rows == 3 and not pretty.dead
 
 
 # ----------------------------------------------------------------------------- producer
