@@ -60,6 +60,12 @@ def vectorized_limit_points_per_s(fences, lon: np.ndarray, lat: np.ndarray, repe
 
 
 # --- push -----------------------------------------------------------------------------------------
+# Unmeasured reports (of other device ids) before the measured run, so that it meets a job that has
+# been running: each Python worker has loaded the fences, and the JVM has compiled its hot paths
+# (with 2 reports per device, the JIT compiler threads still took ~1/3 of the JVM's CPU in the run).
+WARMUP_REPORTS_PER_DEVICE = 20
+
+
 def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, fences_per_farm: int = 12,
          progress: bool = True, plot: bool = True, command: str = "", keep_stack: bool = False,
          rate: float | None = None) -> dict:
@@ -86,9 +92,9 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         loaded = load_simulation(redis, sim, progress=progress)
         load_s = time.perf_counter() - t
         say(f"loaded {len(sim.fences)} fences, {len(sim.device_ids)} devices in {load_s:.1f} s {loaded.seconds}")
-        warm = sim.reports.iloc[:min(len(sim.reports), max(2_000, 2 * devices))].copy()
+        warm = sim.reports.iloc[:min(len(sim.reports), max(2_000, WARMUP_REPORTS_PER_DEVICE * devices))].copy()
         warm["device_id"] = loaded.warmup_prefix + warm["device_id"].astype(str)
-        say(f"warm-up: {len(warm)} reports of warm-up devices (first micro-batches pay Spark's warm-up)")
+        say(f"warm-up: {len(warm)} reports of warm-up devices (the workers' fence caches, the JVM's JIT)")
         t = time.perf_counter()
         stream_and_wait(stack, warm, progress=progress)
         warm_s = time.perf_counter() - t
