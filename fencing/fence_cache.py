@@ -80,12 +80,19 @@ class FenceCache:
         shard once instead of rebuilding shards batch after batch as new groups trickle in."""
         if not groups:
             return 0
-        sent = 0
-        if self.preload and not self._preloaded:
-            self._preloaded = True
-            every = sorted(set(all_groups(redis)) - set(self.groups))
-            sent += self._load_current(redis, every)
+        sent = self.warm(redis) if self.preload and not self._preloaded else 0
         return sent + self._load_current(redis, groups)
+
+    def warm(self, redis) -> int:
+        """Bulk-load every group not cached yet (a preloading cache only); returns the number of
+        Redis commands sent. Run by the first refresh, and by the job's keep-warm tasks while the
+        stream is idle: groups saved since (a farm's new paddocks, a bulk import) then arrive in one
+        build instead of one shard rebuild per batch that meets them."""
+        if not self.preload:
+            return 0
+        self._preloaded = True
+        missing = sorted(set(all_groups(redis)) - set(self.groups))
+        return self._load_current(redis, missing) if missing else 0
 
     def _load_current(self, redis, groups: list[str]) -> int:
         """Reload those of `groups` whose version changed (versions read first: a fence saved in

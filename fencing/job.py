@@ -25,6 +25,7 @@ from fencing.fence_store import DELETED_FENCES
 from fencing.prepare import unpack
 from fencing.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
     ProcessContext, process_partition
+from fencing.keep_warm import KeepWarm
 from fencing.redis_conn import cluster
 from fencing.silent import SilentScanner
 from fencing.sinks import Sinks
@@ -49,6 +50,7 @@ class BatchProcessor:
         self.observer = observer              # the elastic controller, when running
         self.totals = {"events": 0, "dead": 0, "points": 0, "redis_local": 0, "redis_cross": 0, "shed": 0}
         self.elastic = ELASTIC
+        self.last_batch_end = time.time()     # the keep-warm thread runs only while the stream is idle
 
     @property
     def run_id(self) -> str:
@@ -89,6 +91,7 @@ class BatchProcessor:
         timing = {"spark_s": round(spark_s, 3), "sinks_s": round(time.time() - started - spark_s, 3),
                   "readers": readers}
         self._heartbeat(batch_id, table.version, started, events, dead, stats, timing)
+        self.last_batch_end = time.time()
 
     def _heartbeat(self, batch_id, routing_version, started, events, dead, stats, timing=None) -> None:
         points = sum(s.get("points", 0) for s in stats)
@@ -176,6 +179,7 @@ def main() -> None:
         processor.observer = Controller(processor.redis)
     query = start_query(spark, settings, processor)
     SilentScanner(processor.redis, processor.sinks).start()
+    KeepWarm(spark, processor.redis, settings.redis_node, lambda: processor.last_batch_end).start()
     log.info("herdfence job started: kafka=%s redis=%s:%s master=%s", settings.kafka_bootstrap,
              *settings.redis_node, settings.spark_master_url)
 
