@@ -25,7 +25,7 @@ import shapely
 
 from fencing import keys
 from fencing.fence_store import FenceRules
-from fencing.h3util import cells_to_strs, parent
+from fencing.geometry import group_names
 from fencing.membership import FenceIndex
 from fencing.node_pipe import NodePipeline
 
@@ -156,7 +156,8 @@ class FenceCache:
         cells = np.asarray(cells, dtype=np.uint64)
         lon, lat = np.asarray(lon, np.float64), np.asarray(lat, np.float64)
         if groups is None:
-            groups = np.array(cells_to_strs(parent(cells, keys.GROUP_RES)), dtype=object)
+            distinct, code = group_names(cells)
+            groups = distinct[code]
         codes, names = pd.factorize(np.asarray(groups, dtype=object))
         shard_of_code = np.array([shard_of(g) for g in names] + [-1], dtype=np.int64)
         shard = shard_of_code[codes]                     # code -1 (no group) → the last entry, -1

@@ -15,7 +15,7 @@ from h3ronpy import ContainmentMode
 from h3ronpy.vector import cells_to_wkb_polygons, geometry_to_cells
 from shapely.geometry import MultiPolygon, Polygon
 
-from fencing.h3util import cells_for_points, parent
+from fencing.h3util import cells_for_points, cells_to_strs, parent
 from fencing.keys import FENCE_RES, GROUP_RES
 
 MAX_VERTICES = 10_000
@@ -206,3 +206,10 @@ def _candidate_cells(geom: Fence, res: int, eps: float) -> np.ndarray:
 def groups_of(cells: np.ndarray) -> np.ndarray:
     """Cell group (parent at GROUP_RES) of each cell: the unit of routing and of Redis slots."""
     return parent(cells, GROUP_RES)
+
+
+def group_names(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct groups of `cells` by name (object array) and each cell's index into them: one
+    string per group, not one per cell."""
+    distinct, code = np.unique(groups_of(cells), return_inverse=True)
+    return np.array(cells_to_strs(distinct), dtype=object), code.ravel()

@@ -3,7 +3,8 @@
 redis-py's cluster pipeline costs ~40 µs of Python per command here (measured with 20k HSETs; its
 per-master pipelines ~19 µs), refuses EVALSHA, and a batch's writes are tens of thousands of
 commands. So each master's share is packed into one RESP buffer here, sent on a pooled connection,
-and its replies are read with one hiredis reader (~3 µs a command). A command that fails on its master (slot moved during a migration, failover, NOSCRIPT) is
+and its replies are read with one hiredis reader (~3 µs a command). A command that fails on its
+master (slot moved during a migration, failover, NOSCRIPT) is
 made again on its own through the cluster client, which follows redirects; the answers of the ones
 that succeeded are kept, so each command's effect and answer is that of exactly one successful run
 (the callers only send commands that may run twice: overwrites, set operations, HSETNX scripts).

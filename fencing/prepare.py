@@ -18,7 +18,8 @@ import pyarrow.compute as pc
 
 from deploy.settings import TOPIC_REPORTS
 from fencing import keys
-from fencing.h3util import cells_for_points, cells_to_strs, parent
+from fencing.geometry import group_names
+from fencing.h3util import cells_for_points
 from fencing.redis_conn import cluster
 from fencing.routing import RoutingTable, buckets_of, device_runs
 from ingest.validate import DeadLetter, parse_kafka_values
@@ -118,20 +119,18 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> pa.R
     lon = good.column("lon").to_numpy()
     ts = good.column("ts").to_numpy()
     cells = cells_for_points(lat, lon, keys.FENCE_RES)
-    group_cells = parent(cells, keys.GROUP_RES)
-    unique_groups, group_code = np.unique(group_cells, return_inverse=True)
-    group_names = np.array(cells_to_strs(unique_groups), dtype=object)
+    names, group_code = group_names(cells)
     # the route of a device = partition of the group of its last report (arrival order) in this batch
     devices = device_runs(farm, good.column("device_id"))
     last_group = group_code[devices.last]
     salts = np.asarray(ctx.salts, dtype=np.int64)
-    if ctx.routing.splits and any(g in ctx.routing.splits for g in group_names):
+    if ctx.routing.splits and any(g in ctx.routing.splits for g in names):
         # a split (hot) group is routed by the device's bucket (fencing.routing.bucket_of); its fence and
         # state keys stay at group level, so any partition can serve any bucket of it
-        parts = np.array([ctx.routing.partition_of_child(group_names[g], b)
+        parts = np.array([ctx.routing.partition_of_child(names[g], b)
                           for g, b in zip(last_group.tolist(), buckets_of(devices.keys))], dtype=np.int64)
     else:
-        partition_of_group = np.array([ctx.routing.partition_of(g) for g in group_names], dtype=np.int64)
+        partition_of_group = np.array([ctx.routing.partition_of(g) for g in names], dtype=np.int64)
         parts = partition_of_group[last_group]
     # one row per device: its reports' values as arrays, in arrival order
     order = np.argsort(devices.codes, kind="stable")
@@ -179,6 +178,5 @@ def unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
 
 def _with_groups(columns: list[pa.Array]) -> pa.RecordBatch:
     cells = columns[[f.name for f in REPORTS].index("cell")].to_numpy(zero_copy_only=False).view(np.uint64)
-    groups, code = np.unique(parent(cells, keys.GROUP_RES), return_inverse=True)
-    names = pa.array(np.array(cells_to_strs(groups), dtype=object)[code.ravel()], pa.string())
-    return pa.RecordBatch.from_arrays(columns + [names], schema=REPORTS)
+    names, code = group_names(cells)
+    return pa.RecordBatch.from_arrays(columns + [pa.array(names[code], pa.string())], schema=REPORTS)

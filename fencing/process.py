@@ -193,11 +193,10 @@ def _matched_sets(n: int, point_idx: np.ndarray, codes: np.ndarray, names: np.nd
         return [frozenset()], set_of_point
     # point_idx is in point order and a point's fences come in the index's fixed order, so equal
     # sets give equal rows (were one ever listed in another order, it would only count as distinct)
-    point, code = point_idx, codes
-    starts = np.flatnonzero(np.r_[True, point[1:] != point[:-1]])
-    sizes = np.diff(np.r_[starts, len(point)])
+    starts = np.flatnonzero(np.r_[True, point_idx[1:] != point_idx[:-1]])
+    sizes = np.diff(np.r_[starts, len(point_idx)])
     rows = np.full((len(starts), int(sizes.max())), -1, dtype=np.int64)
-    rows[np.repeat(np.arange(len(starts)), sizes), np.arange(len(point)) - np.repeat(starts, sizes)] = code
+    rows[np.repeat(np.arange(len(starts)), sizes), np.arange(len(point_idx)) - np.repeat(starts, sizes)] = codes
     bits = max(1, int(len(names)).bit_length())
     if bits * rows.shape[1] <= 63:     # each row packed into one int64: a 1-D unique, ~10x faster
         packed = ((rows + 1) << (bits * np.arange(rows.shape[1], dtype=np.int64))).sum(axis=1)
@@ -206,7 +205,7 @@ def _matched_sets(n: int, point_idx: np.ndarray, codes: np.ndarray, names: np.nd
     else:
         distinct, which = np.unique(rows, axis=0, return_inverse=True)
     sets = [frozenset()] + [frozenset(names[row[row >= 0]].tolist()) for row in distinct]
-    set_of_point[point[starts]] = which.ravel() + 1
+    set_of_point[point_idx[starts]] = which.ravel() + 1
     return sets, set_of_point
 
 
