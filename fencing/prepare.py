@@ -26,25 +26,18 @@ from ingest.validate import DeadLetter, parse_kafka_values
 
 KIND_REPORT, KIND_DEAD, KIND_PING, KIND_READ = 0, 1, 2, 3   # KIND_READ: the reader's own timings
 
-def _listed(t: pa.DataType) -> pa.DataType:
-    return pa.list_(pa.field("element", t))       # Spark's name for an array's items
-
-
-# What the readers hand to the shuffle: one row per device and batch (its reports' values as arrays,
-# in arrival order), plus side rows (dead letters, pings, reader timings; payload set, arrays null).
-# Per device rather than per report: the JVM converts and shuffles rows and strings, and a flood
-# batch holds ~25 reports per device (docs/benchmarks-notes.md: where the time goes).
-LISTED = ("ts", "lat", "lon", "battery", "cell")
-PREPARED = pa.schema([
-    ("kind", pa.int8()), ("route", pa.int64()), ("farm_id", pa.string()), ("device_id", pa.string()),
-    ("ts", _listed(pa.int64())), ("lat", _listed(pa.float64())), ("lon", _listed(pa.float64())),
-    ("battery", _listed(pa.float64())), ("cell", _listed(pa.int64())), ("payload", pa.string()),
-])
-PREPARED_DDL = ("kind tinyint, route bigint, farm_id string, device_id string, ts array<bigint>, "
-                "lat array<double>, lon array<double>, battery array<double>, cell array<bigint>, payload string")
-# What the process stage works on: one row per report (see `unpack`)
-REPORTS = pa.schema([pa.field(f.name, f.type.value_type if f.name in LISTED else f.type) for f in PREPARED]
-                    + [pa.field("grp", pa.string())])
+# What the readers hand to the shuffle: per routed partition, one row holding all its reports of the
+# reader's range as an Arrow IPC stream (PACKED, arrival order), plus side rows (dead letters, pings,
+# reader timings; payload = UTF-8 text). The JVM then converts and shuffles a few large binary values
+# per task instead of a row (or array element) per report: it only moves bytes
+# (docs/benchmarks-notes.md: where the time goes).
+SHUFFLED = pa.schema([("kind", pa.int8()), ("route", pa.int64()), ("payload", pa.binary())])
+SHUFFLED_DDL = "kind tinyint, route bigint, payload binary"
+PACKED = pa.schema([("farm_id", pa.string()), ("device_id", pa.string()), ("ts", pa.int64()),
+                    ("lat", pa.float64()), ("lon", pa.float64()), ("battery", pa.float64()), ("cell", pa.int64())])
+# What the process stage works on: one row per report (see `unpack`), side rows with payload text
+REPORTS = pa.schema([("kind", pa.int8()), ("route", pa.int64()), *PACKED, ("payload", pa.string()),
+                     ("grp", pa.string())])
 
 
 @dataclass(frozen=True)
@@ -132,51 +125,57 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> pa.R
     else:
         partition_of_group = np.array([ctx.routing.partition_of(g) for g in names], dtype=np.int64)
         parts = partition_of_group[last_group]
-    # one row per device: its reports' values as arrays, in arrival order
-    order = np.argsort(devices.codes, kind="stable")
-    offsets = pa.array(np.r_[0, np.cumsum(devices.count)].astype(np.int32))
-    first = pa.array(order[offsets.to_numpy()[:-1]])
-    take = pa.array(order)
+    # one row per routed partition: its reports (arrival order kept by the stable sort) as an IPC stream
+    part_of_report = parts[devices.codes]
+    order = np.argsort(part_of_report, kind="stable")
+    routed = pa.RecordBatch.from_arrays([
+        farm, good.column("device_id").combine_chunks(), pa.array(ts, pa.int64()), pa.array(lat), pa.array(lon),
+        good.column("battery").combine_chunks().cast(pa.float64()), pa.array(cells.view(np.int64)),
+    ], schema=PACKED).take(pa.array(order))
+    targets, starts, counts = np.unique(part_of_report[order], return_index=True, return_counts=True)
+    return pa.RecordBatch.from_arrays([pa.array(np.full(len(targets), KIND_REPORT, np.int8)), pa.array(salts[targets]),
+                                       _ipc_streams(routed, starts, counts)], schema=SHUFFLED)
 
-    def listed(values: pa.Array) -> pa.ListArray:
-        return pa.ListArray.from_arrays(offsets, values.take(take), type=_listed(values.type))
 
-    n = len(devices.keys)
-    return pa.RecordBatch.from_arrays([
-        pa.array(np.zeros(n, np.int8)), pa.array(salts[parts]), farm.take(first),
-        good.column("device_id").combine_chunks().take(first), listed(pa.array(ts, pa.int64())),
-        listed(pa.array(lat)), listed(pa.array(lon)), listed(good.column("battery").combine_chunks().cast(pa.float64())),
-        listed(pa.array(cells.view(np.int64))), pa.nulls(n, pa.string()),
-    ], schema=PREPARED)
+def _ipc_streams(batch: pa.RecordBatch, starts: np.ndarray, counts: np.ndarray) -> pa.BinaryArray:
+    """One Arrow IPC stream per slice of `batch`, as the values of a binary array (one buffer, no copy)."""
+    sink, ends = pa.BufferOutputStream(), [0]
+    for start, count in zip(starts.tolist(), counts.tolist()):
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch.slice(start, count))
+        ends.append(sink.tell())
+    offsets = pa.array(np.asarray(ends, np.int32))
+    return pa.Array.from_buffers(pa.binary(), len(ends) - 1, [None, offsets.buffers()[1], sink.getvalue()])
 
 
 def _side_rows(kind: int, payloads: list[str], ctx: PrepareContext) -> pa.RecordBatch:
     n = len(payloads)
-    return pa.RecordBatch.from_arrays(
-        [pa.array(np.full(n, kind, np.int8)), pa.array(np.full(n, ctx.salts[0], np.int64))]
-        + [pa.nulls(n, f.type) for f in PREPARED if f.name not in ("kind", "route", "payload")]
-        + [pa.array(payloads, pa.string())], schema=PREPARED)
+    return pa.RecordBatch.from_arrays([pa.array(np.full(n, kind, np.int8)), pa.array(np.full(n, ctx.salts[0], np.int64)),
+                                       pa.array(payloads, pa.string()).cast(pa.binary())], schema=SHUFFLED)
 
 
 def unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The process stage's input as one row per report again (REPORTS), each with its cell group
-    ("grp"): the shuffle does not carry the group, it follows from the cell. Side rows pass through."""
+    """The process stage's input as one row per report (REPORTS), each with its cell group ("grp"): the
+    shuffle does not carry the group, it follows from the cell. Side rows pass through."""
     for batch in batches:
         if not batch.num_rows:
             continue
         is_report = batch.column("kind").to_numpy(zero_copy_only=False) == KIND_REPORT
         if is_report.any():
-            devices = batch.filter(pa.array(is_report))
-            owner = pc.list_parent_indices(devices.column("ts"))
-            yield _with_groups([pc.list_flatten(devices.column(f.name)) if f.name in LISTED
-                                else devices.column(f.name).take(owner) for f in REPORTS if f.name != "grp"])
+            rows = batch.filter(pa.array(is_report))
+            for route, payload in zip(rows.column("route").to_pylist(), rows.column("payload")):
+                yield _with_groups(route, pa.ipc.open_stream(payload.as_buffer()).read_next_batch())
         if not is_report.all():
             side = batch.filter(pa.array(~is_report))
-            yield pa.RecordBatch.from_arrays([pa.nulls(side.num_rows, f.type) if f.name in LISTED + ("grp",)
-                                              else side.column(f.name) for f in REPORTS], schema=REPORTS)
+            text = {"payload": side.column("payload").cast(pa.string())}
+            yield pa.RecordBatch.from_arrays([side.column(f.name) if f.name in ("kind", "route")
+                                              else text.get(f.name, pa.nulls(side.num_rows, f.type))
+                                              for f in REPORTS], schema=REPORTS)
 
 
-def _with_groups(columns: list[pa.Array]) -> pa.RecordBatch:
-    cells = columns[[f.name for f in REPORTS].index("cell")].to_numpy(zero_copy_only=False).view(np.uint64)
-    names, code = group_names(cells)
-    return pa.RecordBatch.from_arrays(columns + [pa.array(names[code], pa.string())], schema=REPORTS)
+def _with_groups(route: int, reports: pa.RecordBatch) -> pa.RecordBatch:
+    n = reports.num_rows
+    names, code = group_names(reports.column("cell").to_numpy().view(np.uint64))
+    return pa.RecordBatch.from_arrays([pa.array(np.full(n, KIND_REPORT, np.int8)), pa.array(np.full(n, route, np.int64)),
+                                       *reports.columns, pa.nulls(n, pa.string()), pa.array(names[code], pa.string())],
+                                      schema=REPORTS)

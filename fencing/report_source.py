@@ -17,7 +17,7 @@ from typing import Iterator
 import pyarrow as pa
 
 from fencing import routing
-from fencing.prepare import PREPARED_DDL, PrepareContext, prepare_partition
+from fencing.prepare import SHUFFLED_DDL, PrepareContext, prepare_partition
 from fencing.redis_conn import cluster
 from ingest.kafka_source import KafkaDataSource, KafkaRange, KafkaStreamReader, SourceOptions
 
@@ -44,7 +44,7 @@ class RoutedReportsSource(KafkaDataSource):
         return "herdreports"
 
     def schema(self) -> str:
-        return PREPARED_DDL
+        return SHUFFLED_DDL
 
     def streamReader(self, schema) -> RoutedReportsReader:  # noqa: ANN001 - StructType
         options = dict(self.options)

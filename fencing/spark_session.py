@@ -70,6 +70,13 @@ def cluster_conf(env: dict[str, str] | None = None) -> dict[str, str]:
     return conf
 
 
+# The local JVM (driver + executor) mostly moves bytes: the readers hand the shuffle a few Arrow IPC
+# blobs per task. C2's compiler threads took half of its CPU in a benchmark's measured run (2.2 of
+# 4.4 core-s in 15 s); C1 alone compiles almost nothing after start and runs this work as fast
+# (docs/benchmarks-notes.md, session 5). HERDFENCE_JVM_OPTIONS replaces it ("" = the JVM's default).
+LOCAL_JVM_OPTIONS = os.environ.get("HERDFENCE_JVM_OPTIONS", "-XX:TieredStopAtLevel=1")
+
+
 def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: int = 4) -> SparkSession:
     from deploy.validate import check_spark_master
     check_spark_master(master)
@@ -86,7 +93,8 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
                    .config("spark.driver.bindAddress", os.environ.get("HERDFENCE_DRIVER_BIND", host))
                    .config("spark.driver.memory", os.environ.get("HERDFENCE_DRIVER_MEMORY", "2g")))
         if is_local(master):
-            builder = builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+            builder = (builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+                       .config("spark.driver.extraJavaOptions", LOCAL_JVM_OPTIONS))
         else:
             for k, v in cluster_conf().items():
                 builder = builder.config(k, v)

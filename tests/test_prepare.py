@@ -1,6 +1,6 @@
 """Stage 1 of a micro-batch (fencing.prepare) on the test stack's Redis Cluster: farms from the device
-registry, dead letters with their reasons, one shuffled row per device with its reports in arrival
-order, and `unpack` back to one row per report with its cell group."""
+registry, dead letters with their reasons, one shuffled row per routed partition carrying its reports
+(arrival order) as an Arrow IPC stream, and `unpack` back to one row per report with its cell group."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,7 +9,7 @@ import pyarrow as pa
 
 from fencing import keys, routing
 from fencing.h3util import cells_to_strs, parent
-from fencing.prepare import FARM_REASONS, KIND_DEAD, KIND_READ, KIND_REPORT, PREPARED, REPORTS, \
+from fencing.prepare import FARM_REASONS, KIND_DEAD, KIND_READ, KIND_REPORT, REPORTS, SHUFFLED, \
     PrepareContext, prepare_partition, unpack
 from ingest.kafka_read import _batch
 from ingest.kafka_source import KafkaRange
@@ -30,7 +30,7 @@ def _prepare(stack, reports: list[dict]) -> pa.Table:
     r = KafkaRange(stack.kafka_bootstrap, "gps.reports", 3, 500, 500 + len(reports), True, "confluent")
     raw = _batch(r, [rep["device_id"].encode() for rep in reports], [orjson.dumps(rep) for rep in reports],
                  list(range(500, 500 + len(reports))), [NOW] * len(reports))
-    return pa.Table.from_batches(list(prepare_partition(ctx, iter([raw]))), schema=PREPARED)
+    return pa.Table.from_batches(list(prepare_partition(ctx, iter([raw]))), schema=SHUFFLED)
 
 
 def test_devices_packed_in_arrival_order_and_unpacked(stack):
@@ -44,13 +44,25 @@ def test_devices_packed_in_arrival_order_and_unpacked(stack):
     out = _prepare(stack, arrivals)
 
     kinds = out.column("kind").to_numpy()
-    devices = out.filter(pa.array(kinds == KIND_REPORT)).to_pylist()
-    assert {(d["farm_id"], d["device_id"]): d["ts"] for d in devices} == {
-        ("farm-tp1", "tp-a"): [NOW - 1_000, NOW - 3_000, NOW - 500],
-        ("farm-tp1", "tp-b"): [NOW - 900, NOW - 400],
-        ("farm-tp3", "tp-c"): [NOW - 600]}
-    a = next(d for d in devices if d["device_id"] == "tp-a")
-    assert a["lon"] == [8.01, 8.02, 8.03] and len(a["cell"]) == 3 and a["payload"] is None
+    routed = out.filter(pa.array(kinds == KIND_REPORT))
+    salts = list(routing.partition_salts(routing.load(stack.redis).partitions))
+    assert set(routed.column("route").to_pylist()) <= set(salts)
+    assert len(set(routed.column("route").to_pylist())) == routed.num_rows      # one row per partition
+    packed = {route: pa.ipc.open_stream(payload.as_buffer()).read_all().to_pylist()
+              for route, payload in zip(routed.column("route").to_pylist(), routed.column("payload"))}
+    route_of = {}
+    for route, reports in packed.items():
+        for r in reports:
+            assert route_of.setdefault((r["farm_id"], r["device_id"]), route) == route   # a device: one route
+    ts_of = {}
+    for reports in packed.values():
+        for r in reports:
+            ts_of.setdefault((r["farm_id"], r["device_id"]), []).append(r["ts"])
+    assert ts_of == {("farm-tp1", "tp-a"): [NOW - 1_000, NOW - 3_000, NOW - 500],
+                     ("farm-tp1", "tp-b"): [NOW - 900, NOW - 400],
+                     ("farm-tp3", "tp-c"): [NOW - 600]}
+    a = [r for reports in packed.values() for r in reports if r["device_id"] == "tp-a"]
+    assert [r["lon"] for r in a] == [8.01, 8.02, 8.03] and all(r["cell"] for r in a)
     dead = [orjson.loads(p) for p in out.filter(pa.array(kinds == KIND_DEAD)).column("payload").to_pylist()]
     assert sorted((d["reason"], d["offset"]) for d in dead) == sorted([(FARM_REASONS[1], 503), (FARM_REASONS[2], 505)])
     assert (kinds == KIND_READ).sum() == 1
