@@ -27,6 +27,7 @@ from fencing.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_
     ProcessContext, process_partition
 from fencing.keep_warm import KeepWarm
 from fencing.redis_conn import cluster
+from fencing.retention import RETENTION_DAYS, EventRetention
 from fencing.silent import SilentScanner
 from fencing.sinks import Sinks
 from fencing.spark_session import build_session
@@ -179,6 +180,8 @@ def main() -> None:
         processor.observer = Controller(processor.redis)
     query = start_query(spark, settings, processor)
     SilentScanner(processor.redis, processor.sinks).start()
+    if RETENTION_DAYS > 0:
+        EventRetention(processor.redis).start()
     KeepWarm(spark, processor.redis, settings.redis_node, lambda: processor.last_batch_end).start()
     log.info("herdfence job started: kafka=%s redis=%s:%s master=%s", settings.kafka_bootstrap,
              *settings.redis_node, settings.spark_master_url)

@@ -10,15 +10,14 @@ next micro-batch does not. The last run is in `job:keepwarm`: time, tasks' pids,
 """
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import time
 from typing import Callable
 
 import orjson
 
-log = logging.getLogger("herdfence.keepwarm")
+from fencing.periodic import Periodic
+
 KEEP_WARM_S = float(os.environ.get("HERDFENCE_KEEP_WARM_SECONDS", "20"))   # 0 = off
 STATUS_KEY = "job:keepwarm"
 HOLD_S = 0.3        # long enough that a run's tasks overlap, so no worker serves two of them
@@ -40,23 +39,17 @@ def _warm_task(redis_node: tuple[str, int]):
     return run
 
 
-class KeepWarm(threading.Thread):
+class KeepWarm(Periodic):
     def __init__(self, spark, redis, redis_node: tuple[str, int], last_activity: Callable[[], float],
                  every_s: float = KEEP_WARM_S):
-        super().__init__(name="keep-warm", daemon=True)
+        super().__init__("keep-warm", every_s)
         self.spark, self.redis, self.redis_node = spark, redis, redis_node
-        self.last_activity, self.every_s = last_activity, every_s
-        self.stopped = threading.Event()
+        self.last_activity = last_activity
         self.runs = 0
 
-    def run(self) -> None:
-        while self.every_s > 0 and not self.stopped.wait(self.every_s):
-            if time.time() - self.last_activity() < self.every_s:
-                continue                        # micro-batches keep the workers busy
-            try:
-                self.warm_once()
-            except Exception:  # noqa: BLE001 - best effort: a missed run only costs a reload later
-                log.warning("keep-warm run failed", exc_info=True)
+    def tick(self) -> None:
+        if time.time() - self.last_activity() >= self.every_s:   # else micro-batches keep the workers busy
+            self.warm_once()        # best effort: a missed run only costs a reload later
 
     def warm_once(self) -> list[dict]:
         sc = self.spark.sparkContext

@@ -4,18 +4,16 @@ device that reports again and falls silent again gets a new one. Runs on a timer
 because silence is exactly when no micro-batch runs."""
 from __future__ import annotations
 
-import logging
 import os
-import threading
 import time
 
 import orjson
 
 from fencing import keys
 from fencing.node_pipe import NodePipeline
+from fencing.periodic import Periodic
 from fencing.transitions import event_id
 
-log = logging.getLogger("herdfence.silent")
 SILENT_AFTER_S = float(os.environ.get("HERDFENCE_SILENT_SECONDS", "3600"))
 SCAN_EVERY_S = float(os.environ.get("HERDFENCE_SILENT_SCAN_SECONDS", "30"))
 
@@ -65,20 +63,15 @@ def forget(redis, events: list[dict], cutoff: int) -> None:
         redis.zremrangebyscore(keys.last_seen(farm_id), "-inf", cutoff)
 
 
-class SilentScanner(threading.Thread):
+class SilentScanner(Periodic):
     def __init__(self, redis, sinks, silent_after_s: float = SILENT_AFTER_S, every_s: float = SCAN_EVERY_S):
-        super().__init__(name="silent-scanner", daemon=True)
+        super().__init__("silent-scanner", every_s)
         self.redis, self.sinks = redis, sinks
-        self.silent_after_ms, self.every_s = int(silent_after_s * 1000), every_s
-        self.stopped = threading.Event()
+        self.silent_after_ms = int(silent_after_s * 1000)
 
-    def run(self) -> None:
-        while not self.stopped.wait(self.every_s):
-            try:
-                now = int(time.time() * 1000)
-                found = silent_events(self.redis, now, self.silent_after_ms)
-                if found:
-                    self.sinks.write_once(found)      # written (idempotently) before the index forgets
-                    forget(self.redis, found, now - self.silent_after_ms)
-            except Exception:   # a Redis failover must not kill the scanner
-                log.exception("silent scan failed; retrying at the next tick")
+    def tick(self) -> None:
+        now = int(time.time() * 1000)
+        found = silent_events(self.redis, now, self.silent_after_ms)
+        if found:
+            self.sinks.write_once(found)      # written (idempotently) before the index forgets
+            forget(self.redis, found, now - self.silent_after_ms)
