@@ -26,11 +26,12 @@ from ingest.validate import DeadLetter, parse_kafka_values
 
 KIND_REPORT, KIND_DEAD, KIND_PING, KIND_READ = 0, 1, 2, 3   # KIND_READ: the reader's own timings
 
-# What the readers hand to the shuffle: per routed partition, one row holding all its reports of the
-# reader's range as an Arrow IPC stream (PACKED, arrival order), plus side rows (dead letters, pings,
-# reader timings; payload = UTF-8 text). The JVM then converts and shuffles a few large binary values
-# per task instead of a row (or array element) per report: it only moves bytes
-# (docs/benchmarks-notes.md: where the time goes).
+# What the readers hand to the shuffle: per routed partition, one row holding its reports of the
+# reader's range as an Arrow IPC stream (PACKED, arrival order; a row per BLOB_ROWS reports), plus side
+# rows (dead letters, pings, reader timings; payload = UTF-8 text). The JVM then converts and shuffles
+# a few large binary values per task instead of a row (or array element) per report: it only moves
+# bytes (docs/benchmarks-notes.md: where the time goes).
+BLOB_ROWS = 250_000      # ~16 MB a value: far below the 2 GB an Arrow binary value (int32 offsets) can hold
 SHUFFLED = pa.schema([("kind", pa.int8()), ("route", pa.int64()), ("payload", pa.binary())])
 SHUFFLED_DDL = "kind tinyint, route bigint, payload binary"
 PACKED = pa.schema([("farm_id", pa.string()), ("device_id", pa.string()), ("ts", pa.int64()),
@@ -95,7 +96,7 @@ def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]
             keep = pa.array(~bad)
             good, farm = good.filter(keep), farm.filter(keep)
         if good.num_rows:
-            out.append(_routed_reports(ctx, good, farm))
+            out += _routed_reports(ctx, good, farm)
     if dead:
         out.append(_side_rows(KIND_DEAD, [d.to_bytes().decode() for d in dead], ctx))
     if parsed.pings:
@@ -107,7 +108,7 @@ def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]
     yield from out
 
 
-def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> pa.RecordBatch:
+def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> list[pa.RecordBatch]:
     lat = good.column("lat").to_numpy()
     lon = good.column("lon").to_numpy()
     ts = good.column("ts").to_numpy()
@@ -125,7 +126,8 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> pa.R
     else:
         partition_of_group = np.array([ctx.routing.partition_of(g) for g in names], dtype=np.int64)
         parts = partition_of_group[last_group]
-    # one row per routed partition: its reports (arrival order kept by the stable sort) as an IPC stream
+    # one row per routed partition (and per BLOB_ROWS of its reports): IPC streams, arrival order kept by
+    # the stable sort and by the shuffle, which keeps one map task's rows in order
     part_of_report = parts[devices.codes]
     order = np.argsort(part_of_report, kind="stable")
     routed = pa.RecordBatch.from_arrays([
@@ -133,19 +135,20 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> pa.R
         good.column("battery").combine_chunks().cast(pa.float64()), pa.array(cells.view(np.int64)),
     ], schema=PACKED).take(pa.array(order))
     targets, starts, counts = np.unique(part_of_report[order], return_index=True, return_counts=True)
-    return pa.RecordBatch.from_arrays([pa.array(np.full(len(targets), KIND_REPORT, np.int8)), pa.array(salts[targets]),
-                                       _ipc_streams(routed, starts, counts)], schema=SHUFFLED)
+    return [_blob(int(salts[t]), routed.slice(lo, min(BLOB_ROWS, start + count - lo)))
+            for t, start, count in zip(targets.tolist(), starts.tolist(), counts.tolist())
+            for lo in range(start, start + count, BLOB_ROWS)]
 
 
-def _ipc_streams(batch: pa.RecordBatch, starts: np.ndarray, counts: np.ndarray) -> pa.BinaryArray:
-    """One Arrow IPC stream per slice of `batch`, as the values of a binary array (one buffer, no copy)."""
-    sink, ends = pa.BufferOutputStream(), [0]
-    for start, count in zip(starts.tolist(), counts.tolist()):
-        with pa.ipc.new_stream(sink, batch.schema) as writer:
-            writer.write_batch(batch.slice(start, count))
-        ends.append(sink.tell())
-    offsets = pa.array(np.asarray(ends, np.int32))
-    return pa.Array.from_buffers(pa.binary(), len(ends) - 1, [None, offsets.buffers()[1], sink.getvalue()])
+def _blob(route: int, reports: pa.RecordBatch) -> pa.RecordBatch:
+    """One shuffled row: `reports` as an Arrow IPC stream (its buffer becomes the value, no copy)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, reports.schema) as writer:
+        writer.write_batch(reports)
+    offsets = pa.array(np.array([0, sink.tell()], np.int32)).buffers()[1]
+    return pa.RecordBatch.from_arrays([pa.array([KIND_REPORT], pa.int8()), pa.array([route], pa.int64()),
+                                       pa.Array.from_buffers(pa.binary(), 1, [None, offsets, sink.getvalue()])],
+                                      schema=SHUFFLED)
 
 
 def _side_rows(kind: int, payloads: list[str], ctx: PrepareContext) -> pa.RecordBatch:

@@ -76,3 +76,20 @@ def test_devices_packed_in_arrival_order_and_unpacked(stack):
     assert reports.column("grp").to_pylist() == cells_to_strs(parent(cells, keys.GROUP_RES))
     side = flat.filter(pa.array(flat.column("kind").to_numpy() != KIND_REPORT))
     assert side.num_rows == 3 and side.column("grp").null_count == 3 and side.column("ts").null_count == 3
+
+
+def test_a_partition_s_reports_span_several_blobs_in_arrival_order(stack, monkeypatch):
+    import fencing.prepare as prepare
+    monkeypatch.setattr(prepare, "BLOB_ROWS", 2)
+    stack.redis.hset(keys.DEVICE_REGISTRY, mapping={"tb-a": "farm-tb1", "tb-b": "farm-tb1"})
+    arrivals = [_report("tb-a", NOW - 1_000 + i * (-1) ** i, 8.01 + i / 1000) for i in range(5)] + \
+               [_report("tb-b", NOW - 900, 8.2), _report("tb-a", NOW, 8.05)]
+    out = _prepare(stack, arrivals)
+    routed = out.filter(pa.array(out.column("kind").to_numpy() == KIND_REPORT))
+    sizes = [pa.ipc.open_stream(p.as_buffer()).read_all().num_rows for p in routed.column("payload")]
+    assert max(sizes) <= 2 and sum(sizes) == 7 and routed.num_rows >= 4
+
+    flat = pa.Table.from_batches(list(unpack(iter(out.to_batches()))), schema=REPORTS)
+    reports = flat.filter(pa.array(flat.column("kind").to_numpy() == KIND_REPORT)).to_pylist()
+    assert [r["ts"] for r in reports if r["device_id"] == "tb-a"] == \
+        [a["ts"] for a in arrivals if a["device_id"] == "tb-a"]
