@@ -28,7 +28,7 @@ from fencing.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_
 from fencing.keep_warm import KeepWarm
 from fencing.redis_conn import cluster
 from fencing.retention import RETENTION_DAYS, EventRetention
-from fencing.silent import SilentScanner
+from fencing.silent import SEEN_STEP_MS, SilentScanner
 from fencing.sinks import Sinks
 from fencing.spark_session import build_session
 
@@ -67,7 +67,8 @@ class BatchProcessor:
         n = table.partitions
         host, port = self.settings.redis_node
         deleted = frozenset(self.redis.smembers(DELETED_FENCES))
-        proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id)
+        proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id,
+                              SEEN_STEP_MS)
         if self.elastic:   # the elastic wrapper: moved-group cache invalidation, child loads, shedding
             from fencing.elastic import elastic_process
             stage = lambda it: elastic_process(proc, unpack(it))   # noqa: E731

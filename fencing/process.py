@@ -40,6 +40,7 @@ class ProcessContext:
     deleted: frozenset[str]
     history_dir: str = ""       # Parquet history root (shared storage on a cluster); "" = none
     run_id: str = ""            # the streaming query's id: batch ids restart when a checkpoint is cleared
+    seen_step_ms: int = 0       # a device's last-seen index entry is rewritten once it is this old (silent.py)
 
     @property
     def version(self) -> str:
@@ -145,7 +146,7 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
         events += done.events
         states.append(state)
     clock.lap("advance")
-    _write_all(redis, ctx.version, devices, states, latest_row, events, counter)
+    _write_all(redis, ctx.version, devices, states, latest_row, events, counter, ctx.seen_step_ms)
     clock.lap("write")
     # the task's events into their farms' logs (once per event id) before the batch commits: a
     # replay recomputes the same ids, and the driver only produces them to Kafka
@@ -257,7 +258,7 @@ def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter
 
 
 def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceState], latest_row: np.ndarray,
-               events: list[Event], counter: CallCounter) -> None:
+               events: list[Event], counter: CallCounter, seen_step_ms: int = 0) -> None:
     """All writes of the task in one pipeline, batched per key: device state per home group, device
     locations per bucket, positions per farm, position index per cell, members per fence. Plain
     overwrites and set operations, so a replayed batch writes the same values again."""
@@ -283,10 +284,12 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
             cell = cell_to_str(int(pos_cells[d]))
             previous_cell = (old or {}).get("c")
             state.cell = cell
-            seen.setdefault(farm_id, {})[device_id] = received_ms
+            if state.seen is None or received_ms - state.seen >= seen_step_ms:
+                seen.setdefault(farm_id, {})[device_id] = received_ms
+                state.seen = received_ms
             positions.setdefault(farm_id, {})[device_id] = orjson.dumps({
                 "lat": devices.frame_lat[row], "lon": devices.frame_lon[row], "ts": devices.frame_ts[row],
-                "battery": state.battery,
+                "battery": state.battery, "rx": received_ms,
                 "fences": [u.partition("/")[2] for u in state.inside_fences()], "cell": cell})
             if previous_cell != cell:
                 if previous_cell:
@@ -310,8 +313,9 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
         pipe.hset(bucket, mapping)
     for farm_id, mapping in positions.items():
         pipe.hset(keys.positions(farm_id), mapping)
+    for farm_id, arrivals in seen.items():
         key = keys.last_seen(farm_id)
-        pipe.command(key, "ZADD", key, *[x for device, ms in seen[farm_id].items() for x in (ms, device)])
+        pipe.command(key, "ZADD", key, *[x for device, ms in arrivals.items() for x in (ms, device)])
     for (farm_id, cell), members in cell_removes.items():
         key = keys.position_cell(farm_id, cell)
         pipe.command(key, "SREM", key, *members)

@@ -16,6 +16,11 @@ from fencing.transitions import event_id
 
 SILENT_AFTER_S = float(os.environ.get("HERDFENCE_SILENT_SECONDS", "3600"))
 SCAN_EVERY_S = float(os.environ.get("HERDFENCE_SILENT_SCAN_SECONDS", "30"))
+# The job rewrites a device's last-seen entry only once it is this old (a write per farm and batch was
+# a third of the commands of a batch whose farms have a device or two each); every position carries its
+# arrival ("rx"), which the scan checks before it flags a device. At most half the silence, so a device
+# that reports again after being flagged (and dropped from the index) is always indexed again.
+SEEN_STEP_MS = int(min(30.0, SILENT_AFTER_S / 2) * 1000)
 
 
 SCAN_CHUNK = 5_000      # farms per pipelined round (one round trip per master each)
@@ -39,15 +44,24 @@ def silent_events(redis, now_ms: int, silent_after_ms: int) -> list[dict]:
         for farm_id, pairs in quiet:
             pipe.hmget(keys.positions(farm_id), [d for d, _ in pairs])
         for (farm_id, pairs), raws in zip(quiet, pipe.execute()):
-            for (device_id, arrived_ms), raw in zip(pairs, raws):
+            alive: list = []
+            for (device_id, indexed_ms), raw in zip(pairs, raws):
                 if raw is None:
                     continue
                 pos = orjson.loads(raw)
+                arrived_ms = max(indexed_ms, pos.get("rx") or 0)
+                if arrived_ms > cutoff:          # a stale entry (see SEEN_STEP_MS): it catches up
+                    alive += [arrived_ms, device_id]
+                    continue
                 fences = pos.get("fences") or []
                 out.append({"event_id": event_id(f"{farm_id}/", device_id, "silent", pos["ts"]),
                             "type": "silent", "farm_id": farm_id, "device_id": device_id,
                             "fence_id": fences[0] if len(fences) == 1 else None,
                             "ts": int(arrived_ms) + silent_after_ms, "lat": pos["lat"], "lon": pos["lon"]})
+            if alive:    # GT: never below what the job wrote meanwhile
+                index = keys.last_seen(farm_id)
+                pipe.command(index, "ZADD", index, "GT", *alive)
+        pipe.execute()
     return out
 
 

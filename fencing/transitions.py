@@ -39,17 +39,18 @@ class DeviceState:
     battery: float | None = None
     cell: str | None = None                       # res-7 cell of the latest position (pull index)
     fences: dict[str, FenceState] = field(default_factory=dict)
+    seen: int | None = None                       # arrival (ms) last written to the last-seen index
 
     def to_dict(self) -> dict:
         return {"t": self.last_ts, "la": self.last_lat, "lo": self.last_lon, "bt": self.battery, "c": self.cell,
-                "f": {u: s.to_list() for u, s in self.fences.items()}}
+                "f": {u: s.to_list() for u, s in self.fences.items()}, "sn": self.seen}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "DeviceState":
         if not d:
             return cls()
         return cls(d.get("t"), d.get("la"), d.get("lo"), d.get("bt"), d.get("c"),
-                   {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()})
+                   {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()}, d.get("sn"))
 
     def inside_fences(self) -> list[str]:
         return sorted(u for u, s in self.fences.items() if s.inside)
