@@ -170,9 +170,9 @@ def unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
                 yield _with_groups(route, pa.ipc.open_stream(payload.as_buffer()).read_next_batch())
         if not is_report.all():
             side = batch.filter(pa.array(~is_report))
-            text = {"payload": side.column("payload").cast(pa.string())}
-            yield pa.RecordBatch.from_arrays([side.column(f.name) if f.name in ("kind", "route")
-                                              else text.get(f.name, pa.nulls(side.num_rows, f.type))
+            given = {"kind": side.column("kind"), "route": side.column("route"),
+                     "payload": side.column("payload").cast(pa.string())}
+            yield pa.RecordBatch.from_arrays([given[f.name] if f.name in given else pa.nulls(side.num_rows, f.type)
                                               for f in REPORTS], schema=REPORTS)
 
 
