@@ -29,8 +29,15 @@ def _arg(a) -> bytes:  # noqa: ANN001
         else str(a).encode()
 
 
+# argument types hiredis packs exactly as redis-py would (numpy scalars and bool it would not)
+_PLAIN = frozenset((str, bytes, int, float))
+
+
 def encode(args: tuple) -> bytes:
-    """One command in RESP (arguments as redis-py encodes them: str as UTF-8, numbers as text)."""
+    """One command in RESP (arguments as redis-py encodes them: str as UTF-8, numbers as text).
+    hiredis packs plain arguments in C (~2x faster on a batch's large HSETs); anything else here."""
+    if _PLAIN.issuperset(map(type, args)):
+        return hiredis.pack_command(args)
     parts = [a if type(a) is bytes else a.encode() if type(a) is str else _arg(a) for a in args]
     return b"".join([b"*%d\r\n" % len(parts)] + [b"$%d\r\n%s\r\n" % (len(a), a) for a in parts])
 

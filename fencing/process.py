@@ -23,7 +23,7 @@ from fencing.node_pipe import NodePipeline
 from fencing.redis_conn import cluster
 from fencing.routing import RoutingTable, device_runs, group_slot
 from fencing.sinks import event_log
-from fencing.transitions import DeviceState, Event, advance
+from fencing.transitions import DeviceState, Event, advance, last_accepted_reports
 
 OUT_KIND_EVENT, OUT_KIND_DEAD, OUT_KIND_PING, OUT_KIND_STATS, OUT_KIND_READ = 0, 1, 2, 3, 4
 _SIDE = {KIND_DEAD: OUT_KIND_DEAD, KIND_PING: OUT_KIND_PING, KIND_READ: OUT_KIND_READ}
@@ -134,11 +134,14 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     device_of_row = np.repeat(np.arange(len(bounds)), ends - bounds)
     differs = set_of_point != set_of_point[bounds][device_of_row]
     uniform = (np.bincount(device_of_row, weights=differs, minlength=len(bounds)) == 0).tolist()
+    before = [DeviceState.from_dict(b) for b in devices.before]
+    last_taken, tied = last_accepted_reports(bounds, frame["ts"].to_numpy(), [b.last_ts for b in before])
+    last_taken = [None if t else int(x) for x, t in zip(last_taken.tolist(), tied.tolist())]
     for d, (lo, hi) in enumerate(zip(bounds.tolist(), ends.tolist())):
-        state = DeviceState.from_dict(devices.before[d])
+        state = before[d]
         device_id = devices.dkeys[d].partition("/")[2]
         done = advance(state, device_id, ts[lo:hi], lat[lo:hi], lon[lo:hi], matched[lo:hi], cache.rules, ctx.deleted,
-                       uniform=uniform[d])
+                       uniform=uniform[d], last_accepted=last_taken[d])
         if done.last >= 0:
             latest_row[d] = lo + done.last
             if battery[lo + done.last] == battery[lo + done.last]:      # not NaN: keep the last known one

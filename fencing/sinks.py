@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import orjson
 
-from fencing.timeutil import iso
+from fencing.timeutil import iso_many
 from fencing import keys
 from fencing.node_pipe import NodePipeline
 
@@ -28,9 +28,11 @@ return flags
 """
 
 
-def public_event(event: dict) -> dict:
-    return {"event_id": event["event_id"], "type": event["type"], "device_id": event["device_id"],
-            "fence_id": event["fence_id"], "ts": iso(event["ts"]), "lat": event["lat"], "lon": event["lon"]}
+def public_events(events: list[dict]) -> list[bytes]:
+    """Each event as the contract's JSON (the value in Kafka `fence.events`, the logs and webhooks)."""
+    return [orjson.dumps({"event_id": e["event_id"], "type": e["type"], "device_id": e["device_id"],
+                          "fence_id": e["fence_id"], "ts": stamp, "lat": e["lat"], "lon": e["lon"]})
+            for e, stamp in zip(events, iso_many([e["ts"] for e in events]))]
 
 
 class EventLog:
@@ -42,29 +44,29 @@ class EventLog:
         self.add_events = redis.register_script(_ADD_EVENTS)
         redis.script_load(_ADD_EVENTS)              # on every master: the pipelined EVALSHA needs it
 
-    def add(self, events: list[dict]) -> list[dict]:
+    def add(self, events: list[dict]) -> list[tuple[dict, bytes]]:
         """Each event into its farm's log unless its id is there already; returns the new ones, by
-        time. One script call per farm (bounded chunks), pipelined per master: a batch touching
+        time, each with its public JSON. One script call per farm (bounded chunks), pipelined per master: a batch touching
         thousands of farms costs one round trip per node, not one per farm."""
         events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
-        by_farm: dict[str, list[dict]] = {}
-        for event in events:
-            by_farm.setdefault(event["farm_id"], []).append(event)
+        by_farm: dict[str, list[tuple[dict, bytes]]] = {}
+        for event, public in zip(events, public_events(events)):
+            by_farm.setdefault(event["farm_id"], []).append((event, public))
         pipe = NodePipeline(self.redis)
         chunks: list[list[dict]] = []
         for farm_id, farm_events in by_farm.items():
             for start in range(0, len(farm_events), 2000):
                 chunk = farm_events[start:start + 2000]
                 args: list = [STREAM_MAXLEN]
-                for event in chunk:
-                    args += [event["event_id"], orjson.dumps(public_event(event)), event["ts"]]
+                for event, public in chunk:
+                    args += [event["event_id"], public, event["ts"]]
                 pipe.script(self.add_events, [keys.event_data(farm_id), keys.events(farm_id),
                                               keys.event_stream(farm_id)], args)
                 chunks.append(chunk)
         if not chunks:
             return []
         new = [e for chunk, flags in zip(chunks, pipe.execute()) for e, flag in zip(chunk, flags) if flag]
-        new.sort(key=lambda e: (e["ts"], e["event_id"]))
+        new.sort(key=lambda e: (e[0]["ts"], e[0]["event_id"]))
         return new
 
 
@@ -94,8 +96,8 @@ class Sinks:
         if not self.redis.get(marker):
             # Kafka has no upsert: the marker keeps a replayed batch from producing again; consumers can
             # also drop duplicates by the deterministic event_id.
-            self.producer.produce_records("fence.events",
-                                          [(e["fence_id"].encode(), orjson.dumps(public_event(e))) for e in events])
+            self.producer.produce_records("fence.events", [(e["fence_id"].encode(), public)
+                                                           for e, public in zip(events, public_events(events))])
             self.producer.produce_records("gps.reports.dlq", [(None, d.encode()) for d in dead_letters])
             self.redis.set(marker, "1", ex=7 * 24 * 3600)
         for ping in pings:
@@ -104,6 +106,6 @@ class Sinks:
     def write_once(self, events: list[dict]) -> int:
         """Events outside any batch (the silent scanner): Kafka gets only those new to Redis."""
         new = self.log.add(events)
-        self.producer.produce_records("fence.events", [((e["fence_id"] or e["device_id"]).encode(),
-                                                        orjson.dumps(public_event(e))) for e in new])
+        self.producer.produce_records("fence.events", [((e["fence_id"] or e["device_id"]).encode(), public)
+                                                       for e, public in new])
         return len(new)

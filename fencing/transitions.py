@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from fencing.fence_store import FenceRules
 
 DEFAULT_RULES = FenceRules()
@@ -89,18 +91,27 @@ def event_id(fence_uid: str, device_id: str, kind: str, ts: int) -> str:
 
 def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float], lon: list[float],
             matched: list[frozenset[str]], rules: dict[str, FenceRules], deleted: set[str],
-            uniform: bool | None = None) -> Advanced:
+            uniform: bool | None = None, last_accepted: int | None = None) -> Advanced:
     """Apply one device's reports (in arrival order) to its state in place. `uniform`: whether every
-    report matched the same fences, when the caller knows (it computed that for a whole batch)."""
-    steady = uniform is not False and _steady(state, matched, rules, deleted, uniform)
+    report matched the same fences, when the caller knows (it computed that for a whole batch).
+    `last_accepted`: the index of the last report `DeviceState.accept` takes (-1: none), when the
+    caller computed it for the whole batch (`last_accepted_reports`): a steady device then skips
+    the per-report loop."""
+    settled = _settled(state, rules, deleted)
+    steady = uniform is not False and settled is not None and (
+        not matched or (matched[0] == settled if uniform else all(m == settled for m in matched)))
+    if steady and last_accepted is not None:
+        if last_accepted >= 0:
+            state.last_ts, state.last_lat, state.last_lon = ts[last_accepted], lat[last_accepted], lon[last_accepted]
+        return Advanced([], last_accepted)
     events: list[Event] = []
     last = -1
     for i, (t, la, lo, inside_now) in enumerate(zip(ts, lat, lon, matched)):
         if not state.accept(t, la, lo):
             continue
         last = i
-        if steady:
-            continue
+        if settled is not None and inside_now == settled:
+            continue            # agrees with the confirmed state, nothing pending or timed: no change
         for uid in sorted(inside_now | state.fences.keys()):
             if uid in deleted:
                 state.fences.pop(uid, None)
@@ -115,21 +126,55 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
                 state.fences[uid] = fence_state
             else:
                 state.fences.pop(uid, None)
+        settled = _settled(state, rules, deleted)
     return Advanced(events, last)
 
 
-def _steady(state: DeviceState, matched: list[frozenset[str]], rules: dict[str, FenceRules],
-            deleted: set[str], uniform: bool | None = None) -> bool:
-    """Fast path: every report agrees with the confirmed state (the common case: a cow grazing inside
-    its paddock, or outside all fences) and nothing is pending or timed — nothing can change."""
-    confirmed = frozenset(u for u, s in state.fences.items() if s.inside)
-    if any(s.streak for s in state.fences.values()) or (deleted and not deleted.isdisjoint(state.fences)):
-        return False
-    if any(rules.get(u, DEFAULT_RULES).dwell_seconds for u in confirmed):
-        return False
-    if uniform:                 # all the same: one comparison
-        return not matched or matched[0] == confirmed
-    return all(m == confirmed for m in matched)
+def last_accepted_reports(starts: np.ndarray, ts: np.ndarray, last_ts: list[int | None]
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """`DeviceState.accept` for a whole batch at once. The reports are grouped by device (device d's
+    run starts at starts[d]) in arrival order; last_ts[d] is the device's last processed report time.
+    A report counts when it is newer than every earlier one of its device (and than last_ts), so
+    the running maximum decides, except for a report at exactly that maximum: then accept compares
+    positions, which the per-report loop does. Returns the index of each device's last counting
+    report (-1: none) and a per-device flag: a tie, leave it to the loop."""
+    n = len(ts)
+    sizes = np.diff(np.r_[starts, n])
+    device_of_row = np.repeat(np.arange(len(starts)), sizes)
+    # times as ranks among the batch's distinct times, doubled: a report's time t is 2k+1, a device's
+    # last_ts between two of them 2k, so order and ties are kept in a small integer range
+    distinct, rank = np.unique(ts, return_inverse=True)
+    value = 2 * rank.ravel().astype(np.int64) + 1
+    before = np.zeros(len(starts), dtype=np.int64)            # 0: below every report
+    known = np.array([t is not None for t in last_ts], dtype=bool)
+    if known.any():
+        lt = np.array([t for t in last_ts if t is not None], dtype=np.int64)
+        at = np.searchsorted(distinct, lt, side="left")
+        equal = (at < len(distinct)) & (distinct[np.minimum(at, len(distinct) - 1)] == lt)
+        before[known] = 2 * at + equal
+    # running maximum per device: offset each device's values above all earlier devices' values
+    span = 2 * len(distinct) + 2
+    running = np.maximum.accumulate(device_of_row * span + value)
+    earlier = np.full(n, -1, dtype=np.int64)
+    earlier[1:] = running[:-1] - device_of_row[1:] * span     # negative at a device's first report
+    newest = np.maximum(earlier, before[device_of_row])
+    row = np.arange(n, dtype=np.int64)
+    last = np.maximum.reduceat(np.where(value > newest, row, -1), starts) if n else np.empty(0, np.int64)
+    tied = np.add.reduceat((value == newest).astype(np.int64), starts) > 0 if n else np.empty(0, bool)
+    return np.where(last >= 0, last - starts, -1), tied
+
+
+def _settled(state: DeviceState, rules: dict[str, FenceRules], deleted: set[str]) -> frozenset[str] | None:
+    """The fences the device is confirmed inside when nothing is pending, timed or deleted (the common
+    case: a cow grazing inside its paddock, or outside all fences): a report that matches exactly
+    those changes nothing. None when a report could change something whatever it matched."""
+    for uid, fence_state in state.fences.items():
+        if fence_state.streak or not fence_state.inside or (
+                not fence_state.dwelled and rules.get(uid, DEFAULT_RULES).dwell_seconds):
+            return None
+    if deleted and not deleted.isdisjoint(state.fences):
+        return None
+    return frozenset(state.fences)
 
 
 def _step(s: FenceState, inside: bool, t: int, rules: FenceRules) -> str | None:

@@ -152,6 +152,31 @@ def test_max_offsets_per_trigger_bounds_batches(broker):
     r.stop()
 
 
+def test_a_backlog_skips_the_exact_probe_and_its_tail_is_still_read(broker):
+    """While the listed ends hold more than a batch may take, latestOffset does not fetch at every
+    partition's end (seconds under a flood); the last batches, below the limit, probe exactly."""
+    topic = "t-backlog"
+    make_topic(topic, 2)
+    for start in range(0, 1000, 100):       # ten produce calls: record batches, as producers send them
+        fill(topic, 100, start=start)
+    r = reader(topic, startingOffsets="earliest", maxOffsetsPerTrigger="300", probeIntervalMs="0")
+    probe, probes = r.probe, []
+    exact = probe.ends
+    probe.ends = lambda *a, **k: probes.append(1) or exact(*a, **k)
+    cur, sizes = r.initialOffset(), []
+    while True:
+        nxt = r.latestOffset(cur, r.getDefaultReadLimit())
+        n = sum(nxt[p] - cur.get(p, 0) for p in nxt)
+        if n == 0:
+            break
+        sizes.append(n)
+        cur = nxt
+    assert sizes[:3] == [300, 300, 300] and sum(sizes) == 1000
+    assert len(probes) <= 2          # only once the backlog is below a batch (and the final check)
+    assert read_all(r, r.initialOffset(), cur).num_rows == 1000
+    r.stop()
+
+
 def test_data_loss_detected(broker):
     from ingest.kafka_source import KafkaRange
     topic = "t-loss"

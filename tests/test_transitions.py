@@ -69,3 +69,88 @@ def test_a_retried_report_does_not_count_twice_but_a_new_place_at_the_same_time_
     assert done.events == [] and done.last == 0 and state.fences[F].streak == 1
     done = advance(state, "cow", [1_000], [47.0], [8.1], [frozenset({F})], {}, set())
     assert [e.type for e in done.events] == ["enter"] and done.last == 0
+
+
+def test_whole_batch_accept_agrees_with_the_per_report_rule():
+    """last_accepted_reports (one pass over a batch) picks the same last counting report as
+    DeviceState.accept report by report, and flags every device whose outcome hinges on a tie."""
+    import numpy as np
+    from fencing.transitions import last_accepted_reports
+
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        sizes = rng.integers(1, 8, size=rng.integers(1, 30))
+        starts = np.r_[0, np.cumsum(sizes)[:-1]]
+        ts = rng.integers(0, 12, size=int(sizes.sum())) * 1000 + 1_700_000_000_000
+        last_ts = [None if rng.random() < 0.3 else int(rng.integers(0, 12)) * 1000 + 1_700_000_000_000
+                   for _ in sizes]
+        last, tied = last_accepted_reports(starts, ts, last_ts)
+        for d, (lo, n) in enumerate(zip(starts.tolist(), sizes.tolist())):
+            state = DeviceState(last_ts=last_ts[d], last_lat=0.0, last_lon=0.0)
+            taken = [i for i in range(n) if state.accept(int(ts[lo + i]), 47.0, 8.0 + i)]
+            newest = last_ts[d]
+            ties = False
+            for t in ts[lo:lo + n].tolist():
+                ties |= newest is not None and t == newest
+                newest = t if newest is None else max(newest, t)
+            assert bool(tied[d]) == ties
+            if not ties:
+                assert int(last[d]) == (taken[-1] if taken else -1)
+
+
+def test_a_steady_device_with_the_batch_wide_answer_skips_the_loop_but_moves_on():
+    state = DeviceState()
+    run(state, [1_000, 2_000], [{F}, {F}])
+    done = advance(state, "cow", [3_000, 2_500, 4_000, 3_500], [47.0] * 4, [8.0, 8.1, 8.2, 8.3],
+                   [frozenset({F})] * 4, {}, set(), uniform=True, last_accepted=2)
+    assert done.events == [] and done.last == 2
+    assert (state.last_ts, state.last_lon) == (4_000, 8.2) and state.inside_fences() == [F]
+
+
+def _every_report_every_fence(state, ts, lat, lon, matched, rules, deleted):
+    """The rule spelled out without shortcuts: each counting report steps every fence it or the state
+    names (the oracle for advance's skips)."""
+    from fencing.transitions import DEFAULT_RULES, FenceState, _step
+    events = []
+    for t, la, lo, inside_now in zip(ts, lat, lon, matched):
+        if not state.accept(t, la, lo):
+            continue
+        for uid in sorted(inside_now | state.fences.keys()):
+            if uid in deleted:
+                state.fences.pop(uid, None)
+                continue
+            fence_state = state.fences.get(uid) or FenceState()
+            kind = _step(fence_state, uid in inside_now, t, rules.get(uid, DEFAULT_RULES))
+            if kind:
+                events.append((kind, uid, t))
+            if fence_state.inside or fence_state.streak:
+                state.fences[uid] = fence_state
+            else:
+                state.fences.pop(uid, None)
+    return events
+
+
+def test_advance_with_its_shortcuts_matches_the_rule_report_by_report():
+    import random
+    rng = random.Random(11)
+    fences = ["farm-a/f1", "farm-a/f2", "farm-a/f3"]
+    rules = {"farm-a/f2": FenceRules(dwell_seconds=20), "farm-a/f3": FenceRules(debounce_reports=3, debounce_seconds=15)}
+    for _ in range(300):
+        fast, slow = DeviceState(), DeviceState()
+        t = 0
+        for _batch in range(4):
+            n = rng.randint(1, 12)
+            ts = []
+            for _i in range(n):
+                t += rng.choice([0, 1_000, 5_000, 12_000, -3_000])
+                ts.append(t)
+            lat, lon = [47.0] * n, [8.0 + rng.choice([0, 1]) * 1e-4 for _ in range(n)]
+            place = rng.choice([frozenset(), frozenset(fences[:1]), frozenset(fences[1:])])
+            matched = [place if rng.random() < 0.8 else frozenset(rng.sample(fences, rng.randint(0, 2)))
+                       for _ in range(n)]
+            deleted = {"farm-a/f1"} if rng.random() < 0.05 else set()
+            got = advance(fast, "cow", ts, lat, lon, matched, rules, deleted,
+                          uniform=len(set(matched)) == 1)
+            want = _every_report_every_fence(slow, ts, lat, lon, matched, rules, deleted)
+            assert [(e.type, f"{e.farm_id}/{e.fence_id}", e.ts) for e in got.events] == want
+            assert fast.to_dict() == slow.to_dict()
