@@ -178,8 +178,14 @@ class LogEndProbe:
         """ListOffsets(latest) of every partition: milliseconds, but on Tansu short of the newest
         record batch (see the module doc). Enough when a backlog fills the batch anyway."""
         from confluent_kafka import TopicPartition
-        return {p: self.consumer.get_watermark_offsets(TopicPartition(self.opts.topic, p), timeout=10,
-                                                       cached=False)[1] for p in self.discover()}
+        listed = {p: self.consumer.get_watermark_offsets(TopicPartition(self.opts.topic, p), timeout=10,
+                                                         cached=False)[1] for p in self.discover()}
+        # the next exact probe starts its fetches there, not far behind (known ends are where it
+        # starts); what it cached is older than this listing, so it probes again
+        for p, e in listed.items():
+            self.known[p] = max(self.known.get(p, e), e)
+        self._probed_at = 0.0
+        return listed
 
     def ends(self, force: bool = False, timeout_s: float = 5.0) -> dict[int, int]:
         from confluent_kafka import KafkaError, TopicPartition
