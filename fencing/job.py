@@ -33,7 +33,7 @@ from fencing.sinks import Sinks
 from fencing.spark_session import build_session
 
 log = logging.getLogger("herdfence.job")
-MAX_OFFSETS_PER_TRIGGER = int(os.environ.get("HERDFENCE_MAX_OFFSETS_PER_TRIGGER", "500000"))
+MAX_OFFSETS_PER_TRIGGER = int(os.environ.get("HERDFENCE_MAX_OFFSETS_PER_TRIGGER", "1000000"))
 TRIGGER = os.environ.get("HERDFENCE_TRIGGER", "250 milliseconds")
 ELASTIC = os.environ.get("HERDFENCE_ELASTIC", "1") not in ("0", "false", "no", "")
 
