@@ -10,6 +10,7 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 import shapely
 from h3ronpy import ContainmentMode
 from h3ronpy.vector import cells_to_wkb_polygons, geometry_to_cells
@@ -210,6 +211,7 @@ def groups_of(cells: np.ndarray) -> np.ndarray:
 
 def group_names(cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The distinct groups of `cells` by name (object array) and each cell's index into them: one
-    string per group, not one per cell."""
-    distinct, code = np.unique(groups_of(cells), return_inverse=True)
-    return np.array(cells_to_strs(distinct), dtype=object), code.ravel()
+    string per group, not one per cell. Groups in order of first appearance (a hash table: ~3x
+    faster than np.unique's sort at a batch's 100k+ cells)."""
+    code, distinct = pd.factorize(groups_of(cells))
+    return np.array(cells_to_strs(distinct), dtype=object), code.astype(np.int64, copy=False)

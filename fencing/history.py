@@ -33,7 +33,9 @@ def write_batch(root: str, version: str, partition: int, table: pa.Table) -> int
         folder.mkdir(parents=True, exist_ok=True)
         target = folder / f"batch-{version.replace(':', '-')}-part-{partition:04d}.parquet"
         scratch = target.with_suffix(".tmp")
-        pq.write_table(part, scratch, compression="zstd")
+        # dictionaries for the id columns only: on unique floats and times they were most of the
+        # write's time (60 → 24 ms for 160k rows) and made the file bigger
+        pq.write_table(part, scratch, compression="zstd", use_dictionary=["farm_id", "device_id"])
         os.replace(scratch, target)         # atomic: readers never see half a file
         written += 1
     return written

@@ -11,6 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from fencing.fence_store import FenceRules
 
@@ -143,8 +144,8 @@ def last_accepted_reports(starts: np.ndarray, ts: np.ndarray, last_ts: list[int 
     device_of_row = np.repeat(np.arange(len(starts)), sizes)
     # times as ranks among the batch's distinct times, doubled: a report's time t is 2k+1, a device's
     # last_ts between two of them 2k, so order and ties are kept in a small integer range
-    distinct, rank = np.unique(ts, return_inverse=True)
-    value = 2 * rank.ravel().astype(np.int64) + 1
+    rank, distinct = pd.factorize(np.asarray(ts, dtype=np.int64), sort=True)
+    value = 2 * rank.astype(np.int64) + 1
     before = np.zeros(len(starts), dtype=np.int64)            # 0: below every report
     known = np.array([t is not None for t in last_ts], dtype=bool)
     if known.any():
