@@ -25,7 +25,7 @@ def _batch(r: KafkaRange, keys: list, values: list, offsets: list, ts_ms: list) 
     ts = pa.array(np.asarray(ts_ms, dtype=np.int64) * 1000, pa.int64()).cast(ARROW_SCHEMA.field("timestamp").type)
     return pa.RecordBatch.from_arrays([
         pa.array(keys, pa.binary()), pa.array(values, pa.binary()),
-        pa.array([r.topic] * n, pa.string()),
+        pa.array([r.topic], pa.string()).take(pa.array(np.zeros(n, np.int32))),   # no str object per row
         pa.array(np.full(n, r.partition, np.int32)), pa.array(np.asarray(offsets, np.int64)),
         ts], schema=ARROW_SCHEMA)
 
@@ -105,7 +105,9 @@ def _take(data: list, r: KafkaRange, pos: int, into: tuple[list, list, list, lis
     if not data or pos >= r.end:
         return pos
     keys, values, offsets, tss = into
-    offs = [m.offset() for m in data]
+    first, last = data[0].offset(), data[-1].offset()
+    # offsets are consecutive unless compaction or transaction markers left gaps: no call per message
+    offs = range(first, last + 1) if last - first + 1 == len(data) else [m.offset() for m in data]
     end = offs[-1] + 1
     if end > r.end:                 # a fetch returns whole record batches: cut at the range's end
         cut = bisect_left(offs, r.end)
