@@ -46,14 +46,14 @@ class EventLog:
 
     def add(self, events: list[dict]) -> list[tuple[dict, bytes]]:
         """Each event into its farm's log unless its id is there already; returns the new ones, by
-        time, each with its public JSON. One script call per farm (bounded chunks), pipelined per master: a batch touching
-        thousands of farms costs one round trip per node, not one per farm."""
+        time, each with its public JSON. One script call per farm (bounded chunks), pipelined per
+        master: a batch touching thousands of farms costs one round trip per node, not one per farm."""
         events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
         by_farm: dict[str, list[tuple[dict, bytes]]] = {}
         for event, public in zip(events, public_events(events)):
             by_farm.setdefault(event["farm_id"], []).append((event, public))
         pipe = NodePipeline(self.redis)
-        chunks: list[list[dict]] = []
+        chunks: list[list[tuple[dict, bytes]]] = []
         for farm_id, farm_events in by_farm.items():
             for start in range(0, len(farm_events), 2000):
                 chunk = farm_events[start:start + 2000]
