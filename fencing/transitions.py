@@ -113,22 +113,28 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
         last = i
         if settled is not None and inside_now == settled:
             continue            # agrees with the confirmed state, nothing pending or timed: no change
-        for uid in sorted(inside_now | state.fences.keys()):
-            if uid in deleted:
-                state.fences.pop(uid, None)
-                continue
-            fence_state = state.fences.get(uid) or FenceState()
-            kind = _step(fence_state, uid in inside_now, t, rules.get(uid, DEFAULT_RULES))
-            if kind:
-                farm_id, _, fence_id = uid.partition("/")
-                events.append(Event(event_id(uid, device_id, kind, t), kind, farm_id, device_id, fence_id,
-                                    t, la, lo))
-            if fence_state.inside or fence_state.streak:
-                state.fences[uid] = fence_state
-            else:
-                state.fences.pop(uid, None)
+        step_report(state, device_id, t, la, lo, inside_now, rules, deleted, events)
         settled = _settled(state, rules, deleted)
     return Advanced(events, last)
+
+
+def step_report(state: DeviceState, device_id: str, t: int, lat: float, lon: float, inside_now: frozenset[str],
+                rules: dict[str, FenceRules], deleted: set[str], events: list[Event]) -> None:
+    """The rule for one counting report: every fence it or the state names takes a step (its events
+    appended to `events`); deleted fences are forgotten."""
+    for uid in sorted(inside_now | state.fences.keys()):
+        if uid in deleted:
+            state.fences.pop(uid, None)
+            continue
+        fence_state = state.fences.get(uid) or FenceState()
+        kind = _step(fence_state, uid in inside_now, t, rules.get(uid, DEFAULT_RULES))
+        if kind:
+            farm_id, _, fence_id = uid.partition("/")
+            events.append(Event(event_id(uid, device_id, kind, t), kind, farm_id, device_id, fence_id, t, lat, lon))
+        if fence_state.inside or fence_state.streak:
+            state.fences[uid] = fence_state
+        else:
+            state.fences.pop(uid, None)
 
 
 def last_accepted_reports(starts: np.ndarray, ts: np.ndarray, last_ts: list[int | None]

@@ -72,6 +72,18 @@ def reader(topic: str, **opts: str) -> KafkaStreamReader:
     return KafkaStreamReader(SourceOptions.parse({"kafka.bootstrap.servers": BOOT, "subscribe": topic, **opts}))
 
 
+def drain(r: KafkaStreamReader) -> tuple[list[int], dict]:
+    """Plan micro-batches from the initial offsets until nothing is left: (records per batch, end)."""
+    cur, sizes = r.initialOffset(), []
+    while True:
+        nxt = r.latestOffset(cur, r.getDefaultReadLimit())
+        n = sum(nxt[p] - cur.get(p, 0) for p in nxt)
+        if n == 0:
+            return sizes, cur
+        sizes.append(n)
+        cur = nxt
+
+
 def read_all(r: KafkaStreamReader, start: dict, end: dict) -> pa.Table:
     batches = [b for p in r.partitions(start, end) for b in read_range(p)]
     return pa.Table.from_batches(batches, ARROW_SCHEMA)
@@ -140,14 +152,7 @@ def test_max_offsets_per_trigger_bounds_batches(broker):
     make_topic(topic, 4)
     fill(topic, 1000)
     r = reader(topic, startingOffsets="earliest", maxOffsetsPerTrigger="100")
-    cur, sizes = r.initialOffset(), []
-    while True:
-        nxt = r.latestOffset(cur, r.getDefaultReadLimit())
-        n = sum(nxt[p] - cur.get(p, 0) for p in nxt)
-        if n == 0:
-            break
-        sizes.append(n)
-        cur = nxt
+    sizes, _ = drain(r)
     assert max(sizes) <= 100 and sum(sizes) == 1000 and len(sizes) == 10
     r.stop()
 
@@ -163,14 +168,7 @@ def test_a_backlog_skips_the_exact_probe_and_its_tail_is_still_read(broker):
     probe, probes = r.probe, []
     exact = probe.ends
     probe.ends = lambda *a, **k: probes.append(1) or exact(*a, **k)
-    cur, sizes = r.initialOffset(), []
-    while True:
-        nxt = r.latestOffset(cur, r.getDefaultReadLimit())
-        n = sum(nxt[p] - cur.get(p, 0) for p in nxt)
-        if n == 0:
-            break
-        sizes.append(n)
-        cur = nxt
+    sizes, cur = drain(r)
     assert sizes[:3] == [300, 300, 300] and sum(sizes) == 1000
     assert len(probes) <= 2          # only once the backlog is below a batch (and the final check)
     assert read_all(r, r.initialOffset(), cur).num_rows == 1000
