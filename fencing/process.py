@@ -128,17 +128,16 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     devices.frame_ts, devices.frame_lat, devices.frame_lon = ts, lat, lon
     battery = frame["battery"].to_numpy()
     events: list[Event] = []
-    states: list[DeviceState] = []
     latest_row = np.full(len(bounds), -1, dtype=np.int64)    # the device's last report that counted
     # devices whose reports all matched the same fences (most of them: grazing inside one paddock)
     device_of_row = np.repeat(np.arange(len(bounds)), ends - bounds)
     differs = set_of_point != set_of_point[bounds][device_of_row]
     uniform = (np.bincount(device_of_row, weights=differs, minlength=len(bounds)) == 0).tolist()
-    before = [DeviceState.from_dict(b) for b in devices.before]
-    last_taken, tied = last_accepted_reports(bounds, frame["ts"].to_numpy(), [b.last_ts for b in before])
+    states = [DeviceState.from_dict(b) for b in devices.before]     # advanced in place below
+    last_taken, tied = last_accepted_reports(bounds, frame["ts"].to_numpy(), [s.last_ts for s in states])
     last_taken = [None if t else int(x) for x, t in zip(last_taken.tolist(), tied.tolist())]
     for d, (lo, hi) in enumerate(zip(bounds.tolist(), ends.tolist())):
-        state = before[d]
+        state = states[d]
         device_id = devices.dkeys[d].partition("/")[2]
         done = advance(state, device_id, ts[lo:hi], lat[lo:hi], lon[lo:hi], matched[lo:hi], cache.rules, ctx.deleted,
                        uniform=uniform[d], last_accepted=last_taken[d])
@@ -147,7 +146,6 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
             if battery[lo + done.last] == battery[lo + done.last]:      # not NaN: keep the last known one
                 state.battery = float(battery[lo + done.last])
         events += done.events
-        states.append(state)
     clock.lap("advance")
     _write_all(redis, ctx.version, devices, states, latest_row, events, counter, ctx.seen_step_ms)
     clock.lap("write")
