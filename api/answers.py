@@ -2,7 +2,7 @@
 
 "Who is inside this paddock?" is asked far more often than the answer changes: a collar reports every
 few minutes, dashboards poll every few seconds. So a worker keeps each rendered answer until a change
-notice for its farm arrives (fencing/notify.py: the job's tasks publish the farms they wrote after each
+notice for its farm arrives (fencing/model/notify.py: the job's tasks publish the farms they wrote after each
 micro-batch, fence edits publish their farm). Answers are cached only while the worker hears notices,
 and a per-farm generation stops an answer computed before a notice from being stored after it.
 A client that sends `Cache-Control: no-cache` gets an answer read from Redis for its request.
@@ -14,9 +14,9 @@ from collections import defaultdict
 import orjson
 
 from api import invalidation, live
-from fencing import notify
-from fencing.geometry import parse_fence_geometry
-from fencing.timeutil import iso
+from fencing.model import notify
+from fencing.model.geometry import parse_fence_geometry
+from fencing.model.timeutil import iso
 
 MAX_ENTRIES = 50_000          # per worker; past it the cache starts over (answers are a few KB at most)
 

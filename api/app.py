@@ -18,7 +18,7 @@ import asyncio
 from api import invalidation, metrics, routes_fences, routes_query, routes_reports, webhooks
 from api.fastpath import HotQueries
 from api.limits import BodySizeLimit
-from deploy.settings import load_settings
+from fencing.config import load_settings
 
 UI_DIR = Path(__file__).parent / "ui"
 NODE_MODULES = UI_DIR / "node_modules"
@@ -26,7 +26,7 @@ NODE_MODULES = UI_DIR / "node_modules"
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    from deploy.redis_cluster import connect
+    from fencing.model.redis_conn import connect
 
     settings = load_settings()
     app.state.settings = settings

@@ -11,7 +11,7 @@ from fastapi import Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
 from api import invalidation, limits
-from fencing import keys, notify
+from fencing.model import keys, notify
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import asyncio
 import orjson
 from starlette.concurrency import run_in_threadpool
 
-from fencing import keys
+from fencing.model import keys
 
 SCAN_CHUNK = 2000
 

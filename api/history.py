@@ -8,8 +8,8 @@ import sys
 import pyarrow as pa
 
 from api import tenancy
-from fencing import history
-from fencing.timeutil import iso, to_ms
+from fencing.model import history
+from fencing.model.timeutil import iso, to_ms
 
 MAX_ROWS = 100_000
 
@@ -46,8 +46,8 @@ def to_geodataframe(table: pa.Table):
 def main(argv: list[str] | None = None) -> int:
     """herdfence export --key KEY [--herd H | --device D] [--from T] [--to T] OUT.(parquet|geojson)"""
     from api.auth import resolve
-    from deploy.settings import load_settings
-    from fencing.redis_conn import cluster
+    from fencing.config import load_settings
+    from fencing.model.redis_conn import cluster
 
     parser = argparse.ArgumentParser(prog="herdfence export",
                                      description="Export a farm's position history as GeoParquet or GeoJSON.")

@@ -1,4 +1,4 @@
-"""Listening for change notices (fencing/notify.py) in every API worker and dropping cached entries.
+"""Listening for change notices (fencing/model/notify.py) in every API worker and dropping cached entries.
 
 Each worker caches what it can answer again cheaply only while it hears every notice. In a Redis
 Cluster a PUBLISH reaches subscribers on every node, so a worker listens on one node and moves to the
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from redis.asyncio import Redis as AsyncRedis
 
-from fencing import notify
+from fencing.model import notify
 
 log = logging.getLogger("herdfence.invalidation")
 # kind → handlers(farm_ids); farm_ids is None for "everything"

@@ -7,10 +7,10 @@ import numpy as np
 import orjson
 import shapely
 
-from fencing.timeutil import iso
-from fencing import keys
-from fencing.geometry import cover
-from fencing.h3util import cell_to_str
+from fencing.model.timeutil import iso
+from fencing.model import keys
+from fencing.model.geometry import cover
+from fencing.model.h3util import cell_to_str
 
 
 def positions(redis, farm_id: str, device_ids: list[str] | None = None) -> dict[str, dict]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from api import answers, invalidation
-from fencing import keys
+from fencing.model import keys
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 

@@ -6,8 +6,8 @@ from fastapi import APIRouter, Body, Depends, Request, Response
 from api import tenancy
 from api.auth import Principal, farm_principal
 from api.errors import not_found, unprocessable
-from fencing import fence_store
-from fencing.geometry import FenceError
+from fencing.model import fence_store
+from fencing.model.geometry import FenceError
 
 router = APIRouter(prefix="/v1", tags=["fences and devices"])
 

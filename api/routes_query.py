@@ -7,8 +7,8 @@ from fastapi.responses import Response, StreamingResponse
 from api import answers, events, history, live, tenancy
 from api.auth import Principal, farm_principal, principal
 from api.errors import not_found, unprocessable
-from fencing.timeutil import iso, to_ms
-from fencing.geometry import FenceError
+from fencing.model.timeutil import iso, to_ms
+from fencing.model.geometry import FenceError
 import anyio.from_thread
 import shapely
 

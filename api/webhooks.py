@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 
 from api.auth import Principal, farm_principal
 from api.errors import not_found, unprocessable
-from fencing import keys
+from fencing.model import keys
 
 log = logging.getLogger("herdfence.webhooks")
 router = APIRouter(prefix="/v1", tags=["webhooks"])

@@ -18,11 +18,10 @@ import os
 import zipfile
 from pathlib import Path
 
-from deploy.settings import Settings
+from fencing.config import PYFILES_ENV as ENV, Settings, pyfiles_from_env as from_env  # noqa: F401
 
 PACKAGES = ("ingest", "fencing", "api", "deploy", "loadgen")
 VERSION = "0.1.0"
-ENV = "HERDFENCE_PYFILES"          # comma-separated artefacts for the job's SparkContext.addPyFile
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -68,11 +67,6 @@ def build_into(dist: Path, root: Path = ROOT, name: str | None = None) -> Path:
     # Older builds stay: a running driver may still serve one to an executor that joins later.
     os.replace(tmp, target)
     return target
-
-
-def from_env(env: dict[str, str] | None = None) -> list[str]:
-    env = os.environ if env is None else env
-    return [p for p in (env.get(ENV) or "").split(",") if p.strip()]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from deploy import procs
-from deploy.settings import (REPORT_PARTITIONS, TOPIC_DLQ, TOPIC_EVENTS, TOPIC_REPORTS, Settings)
+from fencing.config import (REPORT_PARTITIONS, TOPIC_DLQ, TOPIC_EVENTS, TOPIC_REPORTS, Settings)
 
 NAME = "broker"
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from types import ModuleType
 
 from deploy.procs import DeployError
-from deploy.settings import load_settings
+from fencing.config import load_settings
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -104,7 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
 # Other packages own these commands; the remaining arguments go to their main(argv) unchanged.
 PASSTHROUGH = {
     "bench": ("loadgen.bench", "the benchmark", "push | pull | ingest | fences | report ..."),
-    "elastic": ("fencing.elastic_cli", "the elastic loop", "skew | status ..."),
+    "elastic": ("loadgen.elastic_skew", "the elastic loop", "skew | status ..."),
     "export": ("api.export", "export", "export data ..."),
 }
 

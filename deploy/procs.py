@@ -19,11 +19,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from deploy.settings import Settings
+from fencing.config import DeployError, Settings  # noqa: F401 - DeployError is raised by every launcher
 
 
-class DeployError(RuntimeError):
-    """A problem the user can fix; the CLI prints its message without a traceback."""
 
 
 @dataclass(frozen=True)

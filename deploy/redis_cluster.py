@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
-from redis.cluster import RedisCluster
 
 from deploy import procs
-from deploy.settings import Settings
+from fencing.config import Settings
+from fencing.model.redis_conn import connect  # noqa: F401 - the launchers' client
 
 SLOTS = 16384
 FOREIGN_PORT = 6379          # somebody else's Redis on this machine: never start or stop anything there
@@ -93,12 +93,6 @@ def _client(port: int) -> redis.Redis:
 
 def cluster_info(port: int) -> dict:
     return _client(port).cluster("INFO")
-
-
-def connect(settings: Settings, **kwargs) -> RedisCluster:
-    """A cluster client for the configured (embedded or external) Redis Cluster."""
-    host, port = settings.redis_node
-    return RedisCluster(host=host, port=port, decode_responses=True, **kwargs)
 
 
 # --- forming the cluster -------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy import procs
-from deploy.settings import Settings
+from fencing.config import Settings
 
 MASTER = "spark_master"
 DEFAULT_PORT = 7077

@@ -18,9 +18,10 @@ from dataclasses import dataclass
 
 import httpx
 
-from deploy import artifact, broker, procs, redis_cluster, scale, spark_cluster, validate
+from deploy import artifact, broker, procs, redis_cluster, spark_cluster, validate
+from fencing.elastic import scale
 from deploy.procs import DeployError
-from deploy.settings import TOPIC_REPORTS, Settings
+from fencing.config import TOPIC_REPORTS, Settings
 from deploy.supervisor import NAME as SUPERVISOR, Supervisor
 
 JOB, API = "job", "api"
@@ -55,7 +56,7 @@ def job_spec(settings: Settings, spark_master: str | None, pyfiles: list[str] | 
     if pyfiles:               # the executors' code (deploy/artifact.py), shipped by the job's SparkContext
         env[artifact.ENV] = ",".join(pyfiles)
     if executors:
-        # The embedded standalone cluster: the executor count is driven explicitly (deploy/scale.py:
+        # The embedded standalone cluster: the executor count is driven explicitly (fencing/elastic/scale.py:
         # the elastic controller, `up --spark-workers N`), not by Spark's dynamic allocation, which
         # refuses killExecutors and overrides requestExecutors. HERDFENCE_DYNAMIC_ALLOCATION=1 switches.
         env["HERDFENCE_DYNAMIC_ALLOCATION"] = "0"
@@ -65,8 +66,8 @@ def job_spec(settings: Settings, spark_master: str | None, pyfiles: list[str] | 
                 "HERDFENCE_TRIGGER", "HERDFENCE_MAX_OFFSETS_PER_TRIGGER", "HERDFENCE_ELASTIC"):
         if os.environ.get(var):
             env[var] = os.environ[var]
-    return procs.ProcSpec(name=JOB, argv=[sys.executable, "-m", "fencing.job"],
-                          markers=["-m fencing.job"], env=env, cwd=os.getcwd())
+    return procs.ProcSpec(name=JOB, argv=[sys.executable, "-m", "fencing.stream.job"],
+                          markers=["-m fencing.stream.job"], env=env, cwd=os.getcwd())
 
 
 def api_spec(settings: Settings) -> procs.ProcSpec:
@@ -202,7 +203,7 @@ def start_components(settings: Settings, spark_workers: int = 0, redis_replicas:
     _start_unless_alive(settings, job_spec(settings, master, pyfiles, spark_workers))
     added = spark_workers - len(workers_before)
     if master and job_was_alive and workers_before and added > 0:
-        # The running job asks for executors on the new workers (deploy/scale.py RequestWatcher).
+        # The running job asks for executors on the new workers (fencing/elastic/scale.py RequestWatcher).
         scale.post_request(redis_cluster.connect(settings), add=added)
         _say(f"asked the running job for {added} more executor(s)")
     api = _start_unless_alive(settings, api_spec(settings))

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from deploy import procs
-from deploy.settings import Settings, load_settings
+from fencing.config import Settings, load_settings
 
 NAME = "supervisor"
 SUPERVISED = ("job", "api")

@@ -5,54 +5,10 @@ Each failure is a DeployError naming the variable, the value and what to do, e.g
 """
 from __future__ import annotations
 
-import re
-import socket
 
-from deploy.procs import DeployError
-from deploy.settings import Settings
+from fencing.config import DeployError, Settings, _hostport, check_spark_master
 
-_HOSTPORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
-_LOCAL = re.compile(r"^local(\[(\*|[1-9]\d*)(,\s*[1-9]\d*)?\])?$|^local-cluster\[\d+,\s*\d+,\s*\d+\]$")
 SLOTS = 16384
-
-
-def _hostport(var: str, value: str) -> tuple[str, int]:
-    m = _HOSTPORT.match(value.strip())
-    if m is None or not 0 < int(m.group(2)) < 65536:
-        raise DeployError(f"{var}={value!r} is malformed: expected host:port (e.g. 10.0.0.5:9092)")
-    return m.group(1).strip("[]"), int(m.group(2))
-
-
-def _tcp(host: str, port: int, timeout: float = 3.0) -> str | None:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except OSError as e:
-        return e.strerror or str(e)
-
-
-# --- Spark ---------------------------------------------------------------------------------------
-def check_spark_master(url: str, reach: bool = False) -> None:
-    """local / local[N] / local[*] / spark://h:p[,h:p] / k8s://https://h[:p] / yarn."""
-    var = "HERDFENCE_SPARK_MASTER"
-    if _LOCAL.match(url) or url == "yarn":
-        return
-    if url.startswith("spark://"):
-        hosts = url[len("spark://"):].split(",")
-        if not all(hosts):
-            raise DeployError(f"{var}={url!r} is malformed: expected spark://host:port[,host:port]")
-        addrs = [_hostport(var, h) for h in hosts]
-        if reach and all(_tcp(h, p) for h, p in addrs):
-            raise DeployError(f"{var}={url!r}: no Spark master answers at {', '.join(hosts)} "
-                              f"({_tcp(*addrs[0])}); start it or fix the URL")
-        return
-    if url.startswith("k8s://"):
-        rest = url[len("k8s://"):]
-        if not re.match(r"^(https?://)?[A-Za-z0-9_.-]+(:\d{1,5})?/?$", rest):
-            raise DeployError(f"{var}={url!r} is malformed: expected k8s://https://<api server>[:port]")
-        return
-    raise DeployError(f"{var}={url!r} is malformed: expected local[*], local[N], spark://host:port, "
-                      "k8s://https://host:port or yarn")
 
 
 # --- Kafka ---------------------------------------------------------------------------------------
@@ -131,7 +87,7 @@ def main() -> int:
     import json
     import sys
 
-    from deploy.settings import load_settings
+    from fencing.config import load_settings
     try:
         settings = load_settings()
         found = check(settings)

@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from ingest.kafka_source import ARROW_SCHEMA, BATCH_ROWS, DataLossError, KafkaRange
+from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, DataLossError, KafkaRange
 
 log = logging.getLogger("herdfence.ingest")
 STALL_TIMEOUT_S = 120.0  # no progress for this long inside a range that should exist → error

@@ -22,28 +22,14 @@ from dataclasses import dataclass, replace
 from typing import Iterator
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader
+from pyspark.sql.types import StructType
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
-from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField,
-                               StructType, TimestampType)
+
+from ingest.kafka_read import read_range
+from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, SCHEMA, DataLossError, KafkaRange  # noqa: F401
 
 log = logging.getLogger("herdfence.ingest")
-
-SCHEMA = StructType([
-    StructField("key", BinaryType()), StructField("value", BinaryType()),
-    StructField("topic", StringType()), StructField("partition", IntegerType()),
-    StructField("offset", LongType()), StructField("timestamp", TimestampType()),
-])
-# Derived with Spark's own converter, exactly as plan_data_source_read.py checks it
-# (timestamp[us, tz=UTC], nullability included): a hand-written schema drifts.
-ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
-BATCH_ROWS = 65536  # rows per yielded RecordBatch: bounded memory, few Arrow round trips
-
-
-class DataLossError(RuntimeError):
-    """Offsets the query needs are gone (retention, truncation, topic re-created)."""
-
 
 Offsets = dict[str, int]
 
@@ -77,20 +63,6 @@ class SourceOptions:
                    get("client") or "confluent",
                    (num("probeIntervalMs") or 100) / 1000.0,
                    (num("partitionDiscoveryIntervalMs") or 5000) / 1000.0)
-
-
-@dataclass(frozen=True)
-class KafkaRange(InputPartition):
-    """One input partition: offsets [start, end) of one Kafka partition. Picklable, self-contained
-    (executors know nothing else)."""
-    bootstrap: str
-    topic: str
-    partition: int
-    start: int
-    end: int
-    fail_on_data_loss: bool
-    client: str
-    new_partition: bool = False  # discovered at runtime: out-of-range here is not data loss
 
 
 # ----------------------------------------------------------------------------- pure planning
@@ -302,7 +274,6 @@ class KafkaStreamReader(DataSourceStreamReader):
         return split_ranges(ranges, o.min_partitions)
 
     def read(self, partition: KafkaRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        from ingest.kafka_read import read_range
         return read_range(partition)
 
     def commit(self, end: Offsets) -> None:

@@ -72,7 +72,7 @@ class ReportProducer(KafkaWriter):
     """The API's producer: key = device id, value = the report JSON."""
 
     def __init__(self, bootstrap: str, topic: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        from deploy.settings import TOPIC_REPORTS
+        from fencing.config import TOPIC_REPORTS
         super().__init__(bootstrap, timeout_s)
         self.topic = topic or TOPIC_REPORTS
 
@@ -84,7 +84,7 @@ class DeadLetterWriter(KafkaWriter):
     """The job driver's writer for gps.reports.dlq (values from DeadLetter.to_bytes())."""
 
     def __init__(self, bootstrap: str, topic: str | None = None, timeout_s: float = 30.0) -> None:
-        from deploy.settings import TOPIC_DLQ
+        from fencing.config import TOPIC_DLQ
         super().__init__(bootstrap, timeout_s)
         self.topic = topic or TOPIC_DLQ
 

@@ -44,9 +44,9 @@ def vectorized_limit_points_per_s(fences, lon: np.ndarray, lat: np.ndarray, repe
     """The same membership work in one process: H3 cell of every point + plain vectorized shapely
     (STRtree over the fences, one bulk `intersects` query). Best of `repeat` runs. Returns (points/s,
     matched pairs)."""
-    from fencing.h3util import cells_for_points
-    from fencing.keys import FENCE_RES
-    from fencing.membership import vectorized_limit
+    from fencing.model.h3util import cells_for_points
+    from fencing.model.keys import FENCE_RES
+    from fencing.model.membership import vectorized_limit
 
     geoms = [f.geometry for f in fences]
     best, pairs = float("inf"), 0
@@ -270,7 +270,7 @@ def main(argv: list[str]) -> int:
     pl.add_argument("--fences-per-farm", type=int, default=12)
     pl.add_argument("--no-plot", action="store_true")
     pl.add_argument("--keep-stack", action="store_true")
-    sub.add_parser("ingest", help="Kafka source read benchmark (ingest/bench.py)", add_help=False)
+    sub.add_parser("ingest", help="Kafka source read benchmark (loadgen/bench_ingest.py)", add_help=False)
     sub.add_parser("fences", help="fence scaling: 10k vs 1M fences, per-point cost (loadgen/bench_fences.py)",
                    add_help=False)
     rp = sub.add_parser("report", help="write docs/benchmarks.md from the JSON results under docs/")
@@ -279,7 +279,7 @@ def main(argv: list[str]) -> int:
         from loadgen import bench_fences
         return bench_fences.main(argv[1:])
     if argv and argv[0] == "ingest":
-        from ingest import bench as ingest_bench
+        from loadgen import bench_ingest as ingest_bench
         if hasattr(ingest_bench, "main"):
             return int(ingest_bench.main(argv[1:]) or 0)
         ia = argparse.ArgumentParser(prog="herdfence bench ingest")

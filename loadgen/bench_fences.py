@@ -4,10 +4,10 @@ For each fence count N (e.g. 10,000 and 1,000,000):
   1. simulate N paddock fences (12 per farm) over a region that grows with N — constant density, like
      real farms: more farms, not denser paddocks — and M GPS points of grazing herds over the same
      region (a few devices per farm, so most points are on or near paddocks);
-  2. bulk-load the fences into Redis Cluster (fencing.fence_store: bulk H3 covers + pipelined writes
+  2. bulk-load the fences into Redis Cluster (fencing.model.fence_store: bulk H3 covers + pipelined writes
      into the `{g:<group>}:fences` / `:ver` group keys), in chunks; load time, fences/s and INFO memory
      of every master;
-  3. do what the job's tasks do: route the points by cell group to P partitions (fencing.routing,
+  3. do what the job's tasks do: route the points by cell group to P partitions (fencing.elastic.routing,
      aligned: a partition's groups live on one Redis master), and per partition load ONLY that
      partition's groups through FenceCache.refresh from Redis (cache load time, fences cached), then
      time FenceCache.match on the partition's points (best of `repeat`; ns/point, points/s); and, for
@@ -67,7 +67,7 @@ def bench_redis(port: int = DEFAULT_PORT):
     from redis.cluster import RedisCluster
 
     from deploy import redis_cluster
-    from deploy.settings import load_settings
+    from fencing.config import load_settings
 
     external = os.environ.get("HERDFENCE_REDIS")
     if external:
@@ -92,7 +92,7 @@ def masters_memory(redis) -> dict[str, dict]:
     """INFO memory of every master, by address."""
     import redis as redis_mod
 
-    from fencing.routing import slot_map
+    from fencing.elastic.routing import slot_map
     out = {}
     for node in slot_map(redis)[1]:
         host, _, port = node.rpartition(":")
@@ -105,7 +105,7 @@ def masters_memory(redis) -> dict[str, dict]:
 def _flush_masters(redis) -> None:
     import redis as redis_mod
 
-    from fencing.routing import slot_map
+    from fencing.elastic.routing import slot_map
     for node in slot_map(redis)[1]:
         host, _, port = node.rpartition(":")
         redis_mod.Redis(host=host, port=int(port), socket_timeout=120).flushall()
@@ -113,7 +113,7 @@ def _flush_masters(redis) -> None:
 
 def _delete_bench_keys(redis, group_uids: dict[str, list[str]], farm_fences: dict[str, list[str]]) -> None:
     """External Redis: remove exactly what the bench wrote (its farms are tagged)."""
-    from fencing import keys
+    from fencing.model import keys
     items = list(group_uids.items())
     for start in range(0, len(items), 5_000):
         pipe = redis.pipeline()
@@ -134,7 +134,7 @@ def _one_index(cache, x, y, c, repeat: int, expect) -> tuple[float, float, bool]
     """The partition's fences in ONE FenceIndex (each fence with its cells of all the partition's
     groups), matched with the same points: FenceIndex.match's own scaling, without the per-group
     shards of FenceCache.match. Returns (best match seconds, build seconds, same pairs as `expect`)."""
-    from fencing.membership import FenceIndex
+    from fencing.model.membership import FenceIndex
     t = time.perf_counter()
     parts: dict[str, list] = {}
     for loaded in cache.groups.values():
@@ -169,12 +169,12 @@ def simulate_region(fences: int, points: int, seed: int = 0, fences_per_farm: in
 def run_one(redis, fences: int, points: int, *, seed: int = 0, partitions: int = 6, repeat: int = 3,
             fences_per_farm: int = 12, devices_per_farm: int = 4, cleanup: bool = False,
             check: bool = True) -> dict:
-    from fencing import routing
-    from fencing.fence_cache import FenceCache
-    from fencing.fence_store import fence_uid, save_fences_bulk, validate_features_bulk
-    from fencing.h3util import cells_for_points, cells_to_strs, parent
-    from fencing.keys import FENCE_RES, GROUP_RES
-    from fencing.membership import vectorized_limit
+    from fencing.elastic import routing
+    from fencing.stream.fence_cache import FenceCache
+    from fencing.model.fence_store import fence_uid, save_fences_bulk, validate_features_bulk
+    from fencing.model.h3util import cells_for_points, cells_to_strs, parent
+    from fencing.model.keys import FENCE_RES, GROUP_RES
+    from fencing.model.membership import vectorized_limit
 
     tag = secrets.token_hex(3)
     t = time.perf_counter()
@@ -192,7 +192,7 @@ def run_one(redis, fences: int, points: int, *, seed: int = 0, partitions: int =
     lon = sim.reports["lon"].to_numpy(np.float64).copy()
     lat = sim.reports["lat"].to_numpy(np.float64).copy()
     # the job's order inside a task: by device key "farm/device", arrival order per device
-    # (fencing.process sorts its frame so, before FenceIndex.match)
+    # (fencing.stream.process sorts its frame so, before FenceIndex.match)
     dkey = (sim.reports["device_id"].map(sim.device_farm) + "/" + sim.reports["device_id"]).to_numpy(object)
     dkey_code, _ = pd.factorize(dkey, sort=True)
     del dkey

@@ -12,7 +12,7 @@ import orjson
 import pandas as pd
 from tqdm import tqdm
 
-from fencing import keys
+from fencing.model import keys
 from loadgen.bench_stack import say
 from loadgen.herd import Simulation
 
@@ -39,7 +39,7 @@ class Loaded:
 
 def load_simulation(redis, sim: Simulation, progress: bool = True) -> Loaded:
     from api.tenancy import create_farm, register_devices_bulk
-    from fencing.fence_store import save_fences_bulk, validate_features_bulk
+    from fencing.model.fence_store import save_fences_bulk, validate_features_bulk
 
     tag = secrets.token_hex(3)
     t0 = time.perf_counter()

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.settings import Settings, load_settings
+from fencing.config import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 HERDFENCE = str(Path(sys.executable).parent / "herdfence")
@@ -32,7 +32,7 @@ class BenchStack:
 
     @property
     def redis(self):
-        from fencing.redis_conn import cluster
+        from fencing.model.redis_conn import cluster
         return cluster(*self.settings.redis_node)
 
     def describe(self) -> dict:

@@ -131,9 +131,9 @@ def _pcts(values) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     from api import tenancy
-    from deploy.redis_cluster import connect
-    from deploy.settings import load_settings
-    from fencing.timeutil import iso
+    from fencing.model.redis_conn import connect
+    from fencing.config import load_settings
+    from fencing.model.timeutil import iso
 
     p = argparse.ArgumentParser(prog="python -m loadgen.soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=10.0)

@@ -116,7 +116,7 @@ class Herd:
 
     def caught_up(self, reports: pd.DataFrame | None = None) -> bool:
         """Every device's latest processed report is its last one in ``reports``."""
-        from fencing.timeutil import iso
+        from fencing.model.timeutil import iso
         df = self.reports if reports is None else reports
         want = {d: iso(int(t)) for d, t in df.groupby("device_id")["ts"].max().items()}
         with self.client() as c:

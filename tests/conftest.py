@@ -27,12 +27,12 @@ class Stack:
 
     @property
     def settings(self):
-        from deploy.settings import load_settings
+        from fencing.config import load_settings
         return load_settings(self.env)
 
     @property
     def redis(self):
-        from fencing.redis_conn import cluster
+        from fencing.model.redis_conn import cluster
         return cluster(*self.settings.redis_node)
 
     @property

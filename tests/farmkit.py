@@ -55,6 +55,6 @@ class Farm:
 
     def wait_seen(self, device_id: str, ts: int, timeout: float = 120) -> dict:
         """Until the device's latest processed report is the one at ts (the job caught up)."""
-        from fencing.timeutil import iso
+        from fencing.model.timeutil import iso
         return wait_for(lambda: (lambda d: d if d.get("ts") == iso(ts) else None)(
             self.api.get(f"/v1/devices/{device_id}").json()), timeout=timeout, what=f"{device_id} at {ts}")

@@ -1,7 +1,7 @@
 #!/bin/sh
 # Entrypoint of the herdfence job image (modelled on Apache Spark's kubernetes/dockerfiles entrypoint.sh).
 #   job                 validate the HERDFENCE_* configuration, then run the streaming job
-#                       (python -m fencing.job on HERDFENCE_SPARK_MASTER)
+#                       (python -m fencing.stream.job on HERDFENCE_SPARK_MASTER)
 #   topics              create the Kafka topics that are missing (idempotent)
 #   driver ...          Spark on Kubernetes driver pod: spark-submit in client mode (args from Spark)
 #   executor            Spark on Kubernetes executor pod (env from Spark: SPARK_DRIVER_URL, ...)
@@ -13,10 +13,10 @@ case "$1" in
   job)
     shift
     python -m deploy.validate          # clear errors for a wrong HERDFENCE_KAFKA / _REDIS / _SPARK_MASTER
-    exec python -m fencing.job "$@"
+    exec python -m fencing.stream.job "$@"
     ;;
   topics)
-    exec python -c "from deploy.broker import ensure_topics; from deploy.settings import load_settings; print(ensure_topics(load_settings()))"
+    exec python -c "from deploy.broker import ensure_topics; from fencing.config import load_settings; print(ensure_topics(load_settings()))"
     ;;
   driver)
     shift

@@ -1,4 +1,4 @@
-// Real-browser test of the herdfence web UI, driven by tests/test_ui.py.
+// Real-browser test of the herdfence web UI, driven by tests/stack/test_ui.py.
 //
 // Protocol: this script prints one JSON object per line on stdout ({"step": ...} when a step is done,
 // {"log": ...} for browser diagnostics, {"error": ...} on failure) and reads one JSON command per line

@@ -1,0 +1,1 @@
+"""The elastic controller: routing table, Redis slot moves, executor requests."""

@@ -1,0 +1,1 @@
+"""The Spark Structured Streaming job: source, stages, sinks and its driver-side timers."""

@@ -1,0 +1,223 @@
+"""The herdfence streaming job: Kafka `gps.reports` → H3 routing → aligned membership + transitions →
+idempotent sinks. Run as `python -m fencing.stream.job` (herdfence up does this).
+
+One streaming query; every micro-batch (foreachBatch, with its batch id) runs:
+  read + prepare (the `herdreports` source, one task per Kafka partition)  → repartition(n, route)
+  → process (one task per routed partition)  → collect
+and the driver writes events / dead letters / pings, then a heartbeat with the batch's load figures
+for the elastic controller.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+import signal
+import threading
+import time
+
+import orjson
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from fencing.config import TOPIC_REPORTS, Settings, load_settings
+from fencing.model import keys
+from fencing.elastic import routing
+from fencing.model.fence_store import DELETED_FENCES
+from fencing.stream.prepare import unpack
+from fencing.stream.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
+    ProcessContext, process_partition
+from fencing.stream.keep_warm import KeepWarm
+from fencing.model.redis_conn import cluster
+from fencing.stream.retention import RETENTION_DAYS, EventRetention
+from fencing.stream.silent import SEEN_STEP_MS, SilentScanner
+from fencing.stream.sinks import Sinks
+from fencing.stream.spark_session import build_session
+
+log = logging.getLogger("herdfence.job")
+MAX_OFFSETS_PER_TRIGGER = int(os.environ.get("HERDFENCE_MAX_OFFSETS_PER_TRIGGER", "1000000"))
+TRIGGER = os.environ.get("HERDFENCE_TRIGGER", "250 milliseconds")
+ELASTIC = os.environ.get("HERDFENCE_ELASTIC", "1") not in ("0", "false", "no", "")
+
+
+class BatchProcessor:
+    """The foreachBatch function: one call per micro-batch, on the driver."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, observer=None):
+        from ingest.producer import KafkaWriter
+
+        self.spark, self.settings = spark, settings
+        self.checkpoint = str(settings.checkpoint_dir)
+        self.redis = cluster(*settings.redis_node)
+        self.sinks = Sinks(self.redis, KafkaWriter(settings.kafka_bootstrap))
+        self.observer = observer              # the elastic controller, when running
+        self.totals = {"events": 0, "dead": 0, "points": 0, "redis_local": 0, "redis_cross": 0, "shed": 0}
+        self.elastic = ELASTIC
+        self.last_batch_end = time.time()     # the keep-warm thread runs only while the stream is idle
+
+    @property
+    def run_id(self) -> str:
+        """The query's id from the checkpoint (stable across restarts from it, new when it is cleared)."""
+        if not getattr(self, "_run_id", None):
+            metadata = Path(self.checkpoint) / "metadata"
+            self._run_id = orjson.loads(metadata.read_text().splitlines()[0])["id"][:8] if metadata.exists() else "run"
+        return self._run_id
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        started = time.time()
+        table = routing.load(self.redis)
+        n = table.partitions
+        host, port = self.settings.redis_node
+        deleted = frozenset(self.redis.smembers(DELETED_FENCES))
+        proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id,
+                              SEEN_STEP_MS)
+        if self.elastic:   # the elastic wrapper: moved-group cache invalidation, child loads, shedding
+            from fencing.elastic.controller import elastic_process
+            stage = lambda it: elastic_process(proc, unpack(it))   # noqa: E731
+        else:
+            stage = lambda it: process_partition(proc, unpack(it))   # noqa: E731
+        # df: the source's reports, already parsed and routed by the readers (fencing.stream.report_source)
+        # collected as Arrow: no Row object per event (tens of thousands a batch under a backlog)
+        out = df.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).toArrow()
+        spark_s = time.time() - started
+        kinds, payloads = out.column("kind").to_numpy(), out.column("payload")
+
+        def rows_of(kind: int) -> list[str]:
+            return payloads.filter(pa.array(kinds == kind)).to_pylist()
+        events = [orjson.loads(p) for p in rows_of(OUT_KIND_EVENT)]
+        dead, pings = rows_of(OUT_KIND_DEAD), rows_of(OUT_KIND_PING)
+        stats = [orjson.loads(p) for p in rows_of(OUT_KIND_STATS)]
+        readers = [orjson.loads(p) for p in rows_of(OUT_KIND_READ)]
+        self.sinks.write(f"{self.run_id}:{batch_id}", events, dead, pings)
+        timing = {"spark_s": round(spark_s, 3), "sinks_s": round(time.time() - started - spark_s, 3),
+                  "readers": readers}
+        self._heartbeat(batch_id, table.version, started, events, dead, stats, timing)
+        self.last_batch_end = time.time()
+
+    def _heartbeat(self, batch_id, routing_version, started, events, dead, stats, timing=None) -> None:
+        points = sum(s.get("points", 0) for s in stats)
+        self.totals["events"] += len(events)
+        self.totals["dead"] += len(dead)
+        self.totals["points"] += points
+        self.totals["redis_local"] += sum(s.get("redis_local", 0) for s in stats)
+        self.totals["redis_cross"] += sum(s.get("redis_cross", 0) for s in stats)
+        shed = sum(s.get("shed", 0) for s in stats)
+        self.totals["shed"] += shed
+        progress = self._last_progress()
+        beat = {"batch_id": batch_id, "time": time.time(), "duration_s": round(time.time() - started, 3),
+                "points": points, "events": len(events), "dead_letters": len(dead),
+                "routing_version": routing_version, "partitions": sorted(stats, key=lambda s: s["partition"]),
+                "events_total": self.totals["events"], "dead_letters_total": self.totals["dead"],
+                "points_total": self.totals["points"], "redis_local_total": self.totals["redis_local"],
+                "redis_cross_total": self.totals["redis_cross"], "shed": shed, "shed_total": self.totals["shed"],
+                "lag": self._lag(progress),
+                # Spark's breakdown of the previous trigger (latestOffset, queryPlanning, addBatch = our
+                # foreachBatch, walCommit, commitOffsets): what a batch costs outside the tasks
+                "previous_trigger_ms": dict(progress[0].get("durationMs") or {}) if progress else {},
+                **(timing or {})}
+        self.redis.set(keys.JOB_HEARTBEAT, orjson.dumps(beat))
+        self.redis.lpush(keys.JOB_HEARTBEAT + ":log", orjson.dumps(beat))   # recent beats (elastic scenario)
+        self.redis.ltrim(keys.JOB_HEARTBEAT + ":log", 0, 4999)
+        if self.observer is not None:
+            self.observer(beat)
+
+
+    def _last_progress(self) -> list[dict]:
+        """The active queries' last progress reports (one py4j round trip each, read once per beat)."""
+        try:
+            return [query.lastProgress or {} for query in self.spark.streams.active]
+        except Exception:  # noqa: BLE001 - a metric, never a failure
+            return []
+
+    @staticmethod
+    def _lag(progress: list[dict]) -> int:
+        """Records in the source not yet processed (latest offset minus the batch's end offset), from the
+        query's last progress report: one batch late, no extra Kafka round trip."""
+        try:
+            lag = 0
+            for report in progress:
+                for source in report.get("sources", []):
+                    latest, end = source.get("latestOffset"), source.get("endOffset")
+                    latest = orjson.loads(latest) if isinstance(latest, str) else latest
+                    end = orjson.loads(end) if isinstance(end, str) else end
+                    if isinstance(latest, dict) and isinstance(end, dict):
+                        lag += sum(max(0, int(v) - int(end.get(k, v))) for k, v in latest.items()
+                                   if isinstance(v, (int, float, str)) and str(v).lstrip("-").isdigit())
+            return lag
+        except Exception:  # noqa: BLE001 - a metric, never a failure
+            return 0
+
+
+def start_query(spark: SparkSession, settings: Settings, processor: BatchProcessor,
+                checkpoint: str | None = None, trigger: str = TRIGGER):
+    from fencing.stream.report_source import register
+
+    register(spark)
+    host, port = settings.redis_node
+    source = (spark.readStream.format("herdreports")
+              .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+              .option("redis", f"{host}:{port}")
+              .option("subscribe", TOPIC_REPORTS)
+              .option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", str(MAX_OFFSETS_PER_TRIGGER))
+              .load())
+    processor.checkpoint = checkpoint or str(settings.checkpoint_dir)
+    return (source.writeStream.foreachBatch(processor)
+            .option("checkpointLocation", processor.checkpoint)
+            .trigger(processingTime=trigger).queryName("herdfence").start())
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # py4j logs from __del__ on connection close: with the JVM gone that can deadlock on the handler lock
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    settings = load_settings()
+    settings.home.mkdir(parents=True, exist_ok=True)
+    spark = build_session(settings.spark_master_url)
+    processor = BatchProcessor(spark, settings)
+    if ELASTIC:
+        from fencing.elastic.controller import Controller
+        processor.observer = Controller(processor.redis)
+    query = start_query(spark, settings, processor)
+    SilentScanner(processor.redis, processor.sinks).start()
+    if RETENTION_DAYS > 0:
+        EventRetention(processor.redis).start()
+    KeepWarm(spark, processor.redis, settings.redis_node, lambda: processor.last_batch_end).start()
+    log.info("herdfence job started: kafka=%s redis=%s:%s master=%s", settings.kafka_bootstrap,
+             *settings.redis_node, settings.spark_master_url)
+
+    def stop(*_):
+        # not from inside the signal handler: it may interrupt a py4j call of the main thread
+        threading.Thread(target=query.stop, name="stop", daemon=True).start()
+    signal.signal(signal.SIGTERM, stop)
+    JvmWatchdog(spark).start()
+    code = 0
+    try:
+        query.awaitTermination()
+    except BaseException:      # the query failed or the JVM died: leave, the supervisor restarts us
+        log.exception("the streaming query stopped")
+        code = 1
+    # os._exit: interpreter shutdown can hang on py4j's callback threads once the JVM is gone
+    logging.shutdown()
+    os._exit(code)
+
+
+class JvmWatchdog(threading.Thread):
+    """Exit the driver when its JVM is gone (killed, OOM): otherwise py4j calls can block forever and a
+    live-looking pid would keep the supervisor from restarting the job."""
+
+    def __init__(self, spark: SparkSession, every_s: float = 2.0):
+        super().__init__(name="jvm-watchdog", daemon=True)
+        self.proc = getattr(spark.sparkContext._gateway, "proc", None)
+        self.every_s = every_s
+
+    def run(self) -> None:
+        while self.proc is not None:
+            time.sleep(self.every_s)
+            if self.proc.poll() is not None:
+                log.error("the Spark JVM exited (code %s); exiting so that the job is restarted", self.proc.returncode)
+                os._exit(3)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""Stage 1 of a micro-batch (narrow, on the Kafka input partitions): parse + validate, resolve each
+report's farm, compute its H3 cell and cell group, and the route of its device.
+
+A device's reports of a batch all sit in one Kafka partition (key = device id), so this stage sees them
+together and routes them all to the partition of the group of the device's latest report: one task
+then owns the device's state for the batch.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fencing.config import TOPIC_REPORTS
+from fencing.model import keys
+from fencing.model.geometry import group_names
+from fencing.model.h3util import cells_for_points
+from fencing.model.redis_conn import cluster
+from fencing.elastic.routing import RoutingTable, buckets_of, device_runs
+from ingest.validate import DeadLetter, parse_kafka_values
+
+KIND_REPORT, KIND_DEAD, KIND_PING, KIND_READ = 0, 1, 2, 3   # KIND_READ: the reader's own timings
+
+# What the readers hand to the shuffle: per routed partition, one row holding its reports of the
+# reader's range as an Arrow IPC stream (PACKED, arrival order; a row per BLOB_ROWS reports), plus side
+# rows (dead letters, pings, reader timings; payload = UTF-8 text). The JVM then converts and shuffles
+# a few large binary values per task instead of a row (or array element) per report: it only moves
+# bytes (docs/benchmarks-notes.md: where the time goes).
+BLOB_ROWS = 250_000      # ~16 MB a value: far below the 2 GB an Arrow binary value (int32 offsets) can hold
+SHUFFLED = pa.schema([("kind", pa.int8()), ("route", pa.int64()), ("payload", pa.binary())])
+SHUFFLED_DDL = "kind tinyint, route bigint, payload binary"
+PACKED = pa.schema([("farm_id", pa.string()), ("device_id", pa.string()), ("ts", pa.int64()),
+                    ("lat", pa.float64()), ("lon", pa.float64()), ("battery", pa.float64()), ("cell", pa.int64())])
+# What the process stage works on: one row per report (see `unpack`), side rows with payload text
+REPORTS = pa.schema([("kind", pa.int8()), ("route", pa.int64()), *PACKED, ("payload", pa.string()),
+                     ("grp", pa.string())])
+
+
+@dataclass(frozen=True)
+class PrepareContext:
+    redis_host: str
+    redis_port: int
+    routing: RoutingTable
+    salts: list[int]            # salts[p]: a route value Spark's hash partitioner sends to partition p
+
+
+# why a report's farm cannot be resolved from the device registry (index = code; 0 = resolved)
+FARM_REASONS = (None, "unknown device_id: register it with POST /v1/devices",
+                "device_id is registered in several farms: include farm_id in the report")
+
+
+def _resolve_farms(redis, table: pa.Table) -> tuple[pa.Array, np.ndarray]:
+    """Farm of each report (from the report, else the device registry, one HMGET of the distinct
+    devices) and a FARM_REASONS code per report (0 = resolved). Arrow throughout: no Python object
+    per report."""
+    farm = table.column("farm_id").combine_chunks()
+    codes = np.zeros(len(farm), dtype=np.int8)
+    if not farm.null_count:
+        return farm, codes
+    missing = farm.is_null()
+    devices = table.column("device_id").combine_chunks().filter(missing).dictionary_encode()
+    owners = redis.hmget(keys.DEVICE_REGISTRY, devices.dictionary.to_pylist())
+    code_of = np.array([1 if o is None else 2 if "," in o else 0 for o in owners], dtype=np.int8)
+    farm = pc.replace_with_mask(farm, missing, pa.array(owners, pa.string()).take(devices.indices))
+    codes[missing.to_numpy(zero_copy_only=False)] = code_of[devices.indices.to_numpy(zero_copy_only=False)]
+    return farm, codes
+
+
+def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]":
+    started = time.perf_counter()
+    tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    if not tables:
+        return
+    read_s = time.perf_counter() - started
+    raw = pa.concat_tables(tables)
+    parsed = parse_kafka_values(raw.column("value").combine_chunks(), raw.column("key").combine_chunks(),
+                                raw.column("partition").combine_chunks(), raw.column("offset").combine_chunks(),
+                                TOPIC_REPORTS)
+    dead: list[DeadLetter] = list(parsed.dead)
+    good = parsed.good
+    out: list[pa.RecordBatch] = []
+    if good.num_rows:
+        farm, codes = _resolve_farms(cluster(ctx.redis_host, ctx.redis_port), good)
+        bad = codes != 0
+        if bad.any():
+            parts = good.column("kafka_partition").to_numpy()
+            offs = good.column("kafka_offset").to_numpy()
+            values = good.select(["device_id", "ts", "lat", "lon"]).to_pylist()
+            dead += [DeadLetter(FARM_REASONS[codes[i]], orjson.dumps(values[i]).decode(), TOPIC_REPORTS,
+                                int(parts[i]), int(offs[i])) for i in np.flatnonzero(bad)]
+            keep = pa.array(~bad)
+            good, farm = good.filter(keep), farm.filter(keep)
+        if good.num_rows:
+            out += _routed_reports(ctx, good, farm)
+    if dead:
+        out.append(_side_rows(KIND_DEAD, [d.to_bytes().decode() for d in dead], ctx))
+    if parsed.pings:
+        out.append(_side_rows(KIND_PING, [str(p) for p in parsed.pings], ctx))
+    # where a batch's time goes before the shuffle: reported in the heartbeat ("readers")
+    timing = {"records": raw.num_rows, "read_s": round(read_s, 4),
+              "prepare_s": round(time.perf_counter() - started - read_s, 4)}
+    out.append(_side_rows(KIND_READ, [orjson.dumps(timing).decode()], ctx))
+    yield from out
+
+
+def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> list[pa.RecordBatch]:
+    lat = good.column("lat").to_numpy()
+    lon = good.column("lon").to_numpy()
+    ts = good.column("ts").to_numpy()
+    cells = cells_for_points(lat, lon, keys.FENCE_RES)
+    names, group_code = group_names(cells)
+    # the route of a device = partition of the group of its last report (arrival order) in this batch
+    devices = device_runs(farm, good.column("device_id"))
+    last_group = group_code[devices.last]
+    salts = np.asarray(ctx.salts, dtype=np.int64)
+    if ctx.routing.splits and any(g in ctx.routing.splits for g in names):
+        # a split (hot) group is routed by the device's bucket (fencing.elastic.routing.bucket_of); its fence and
+        # state keys stay at group level, so any partition can serve any bucket of it
+        parts = np.array([ctx.routing.partition_of_child(names[g], b)
+                          for g, b in zip(last_group.tolist(), buckets_of(devices.keys))], dtype=np.int64)
+    else:
+        partition_of_group = np.array([ctx.routing.partition_of(g) for g in names], dtype=np.int64)
+        parts = partition_of_group[last_group]
+    # one row per routed partition (and per BLOB_ROWS of its reports): IPC streams, arrival order kept by
+    # the stable sort and by the shuffle, which keeps one map task's rows in order
+    part_of_report = parts[devices.codes]
+    order = np.argsort(part_of_report, kind="stable")
+    routed = pa.RecordBatch.from_arrays([
+        farm, good.column("device_id").combine_chunks(), pa.array(ts, pa.int64()), pa.array(lat), pa.array(lon),
+        good.column("battery").combine_chunks().cast(pa.float64()), pa.array(cells.view(np.int64)),
+    ], schema=PACKED).take(pa.array(order))
+    targets, starts, counts = np.unique(part_of_report[order], return_index=True, return_counts=True)
+    return [_blob(int(salts[t]), routed.slice(lo, min(BLOB_ROWS, start + count - lo)))
+            for t, start, count in zip(targets.tolist(), starts.tolist(), counts.tolist())
+            for lo in range(start, start + count, BLOB_ROWS)]
+
+
+def _blob(route: int, reports: pa.RecordBatch) -> pa.RecordBatch:
+    """One shuffled row: `reports` as an Arrow IPC stream (its buffer becomes the value, no copy)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, reports.schema) as writer:
+        writer.write_batch(reports)
+    offsets = pa.array(np.array([0, sink.tell()], np.int32)).buffers()[1]
+    return pa.RecordBatch.from_arrays([pa.array([KIND_REPORT], pa.int8()), pa.array([route], pa.int64()),
+                                       pa.Array.from_buffers(pa.binary(), 1, [None, offsets, sink.getvalue()])],
+                                      schema=SHUFFLED)
+
+
+def _side_rows(kind: int, payloads: list[str], ctx: PrepareContext) -> pa.RecordBatch:
+    n = len(payloads)
+    return pa.RecordBatch.from_arrays([pa.array(np.full(n, kind, np.int8)), pa.array(np.full(n, ctx.salts[0], np.int64)),
+                                       pa.array(payloads, pa.string()).cast(pa.binary())], schema=SHUFFLED)
+
+
+def unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The process stage's input as one row per report (REPORTS), each with its cell group ("grp"): the
+    shuffle does not carry the group, it follows from the cell. Side rows pass through."""
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        is_report = batch.column("kind").to_numpy(zero_copy_only=False) == KIND_REPORT
+        if is_report.any():
+            rows = batch.filter(pa.array(is_report))
+            for route, payload in zip(rows.column("route").to_pylist(), rows.column("payload")):
+                yield _with_groups(route, pa.ipc.open_stream(payload.as_buffer()).read_next_batch())
+        if not is_report.all():
+            side = batch.filter(pa.array(~is_report))
+            given = {"kind": side.column("kind"), "route": side.column("route"),
+                     "payload": side.column("payload").cast(pa.string())}
+            yield pa.RecordBatch.from_arrays([given[f.name] if f.name in given else pa.nulls(side.num_rows, f.type)
+                                              for f in REPORTS], schema=REPORTS)
+
+
+def _with_groups(route: int, reports: pa.RecordBatch) -> pa.RecordBatch:
+    n = reports.num_rows
+    names, code = group_names(reports.column("cell").to_numpy().view(np.uint64))
+    return pa.RecordBatch.from_arrays([pa.array(np.full(n, KIND_REPORT, np.int8)), pa.array(np.full(n, route, np.int64)),
+                                       *reports.columns, pa.nulls(n, pa.string()), pa.array(names[code], pa.string())],
+                                      schema=REPORTS)

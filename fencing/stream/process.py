@@ -1,0 +1,348 @@
+"""Stage 2 of a micro-batch (one task per routed partition): membership against the task's fence
+cache, device state read in bulk from Redis (versioned by batch id), debounced transitions, and the
+idempotent live-state writes (state, positions, position index, fence members). Events, dead letters,
+pings and the partition's load statistics go back to the driver as rows.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import orjson
+import pyarrow as pa
+from pyspark import TaskContext
+
+from fencing.model import history, keys, notify
+from fencing.stream.fence_cache import process_cache
+from fencing.model.h3util import cell_to_str, cells_for_points
+from fencing.stream.prepare import KIND_DEAD, KIND_PING, KIND_READ, KIND_REPORT
+from fencing.model.node_pipe import NodePipeline
+from fencing.model.redis_conn import cluster
+from fencing.elastic.routing import RoutingTable, device_runs, group_slot
+from fencing.stream.sinks import event_log
+from fencing.model.transitions import DeviceState, Event, advance, last_accepted_reports
+
+OUT_KIND_EVENT, OUT_KIND_DEAD, OUT_KIND_PING, OUT_KIND_STATS, OUT_KIND_READ = 0, 1, 2, 3, 4
+_SIDE = {KIND_DEAD: OUT_KIND_DEAD, KIND_PING: OUT_KIND_PING, KIND_READ: OUT_KIND_READ}
+OUTPUT = pa.schema([("kind", pa.int8()), ("payload", pa.string())])
+OUTPUT_DDL = "kind tinyint, payload string"
+
+
+@dataclass(frozen=True)
+class ProcessContext:
+    batch_id: int
+    redis_host: str
+    redis_port: int
+    routing: RoutingTable
+    deleted: frozenset[str]
+    history_dir: str = ""       # Parquet history root (shared storage on a cluster); "" = none
+    run_id: str = ""            # the streaming query's id: batch ids restart when a checkpoint is cleared
+    seen_step_ms: int = 0       # a device's last-seen index entry is rewritten once it is this old (silent.py)
+
+    @property
+    def version(self) -> str:
+        """What device state and history files are versioned by: unique across query runs."""
+        return f"{self.run_id}:{self.batch_id}"
+
+
+class CallCounter:
+    """Counts Redis commands on group keys: local (the node aligned with this partition) vs cross-node."""
+
+    def __init__(self, routing: RoutingTable, partition: int):
+        self.routing, self.node = routing, routing.node_of_partition(partition)
+        self.local = self.cross = 0
+
+    def count(self, group: str, commands: int = 1) -> None:
+        if int(self.routing.slot_node[group_slot(group)]) == self.node:
+            self.local += commands
+        else:
+            self.cross += commands
+
+
+def process_partition(ctx: ProcessContext, batches):
+    started = time.perf_counter()
+    partition = TaskContext.get().partitionId() if TaskContext.get() else 0
+    tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    table = pa.concat_tables(tables) if tables else None
+    side: list[tuple[int, str]] = []
+    stats = {"partition": partition, "points": 0, "groups": {}, "redis_local": 0, "redis_cross": 0, "events": 0}
+    if table is not None:
+        is_report = table.column("kind").to_numpy() == KIND_REPORT
+        if not is_report.all():     # the few side rows only: no Python object per report
+            rest = table.filter(pa.array(~is_report))
+            side = [(_SIDE[k], p) for k, p in zip(rest.column("kind").to_pylist(), rest.column("payload").to_pylist())]
+        reports = table.filter(pa.array(is_report))
+        if reports.num_rows:
+            history.write_batch(ctx.history_dir, ctx.version, partition, reports)
+            events, stats = _process_reports(ctx, partition, reports)
+            side += [(OUT_KIND_EVENT, orjson.dumps(e.__dict__).decode()) for e in events]
+            stats["events"] = len(events)
+    stats["seconds"] = round(time.perf_counter() - started, 4)
+    side.append((OUT_KIND_STATS, orjson.dumps(stats).decode()))
+    yield pa.RecordBatch.from_arrays([pa.array([k for k, _ in side], pa.int8()),
+                                      pa.array([p for _, p in side], pa.string())], schema=OUTPUT)
+
+
+def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
+    redis = cluster(ctx.redis_host, ctx.redis_port)
+    counter = CallCounter(ctx.routing, partition)
+    frame = reports.select(["farm_id", "device_id", "ts", "lat", "lon", "battery", "cell", "grp"]).to_pandas()
+    # Arrival (Kafka offset) order per device, not ts order: a late report must meet the state its
+    # device already has, whichever batch it lands in (the shuffle keeps one map task's row order).
+    runs = device_runs(reports.column("farm_id"), reports.column("device_id"))
+    order = np.argsort(runs.codes, kind="stable")
+    frame = frame.iloc[order].reset_index(drop=True)
+    codes = runs.codes[order]
+    cells = frame["cell"].to_numpy().view(np.uint64)
+
+    cache = process_cache()
+    groups = sorted(frame["grp"].unique())
+    clock = _Stopwatch()
+    cache.refresh(redis, groups)
+    clock.lap("refresh")
+    for group in groups:
+        counter.count(group)
+    point_idx, uids = cache.match(frame["lon"].to_numpy(), frame["lat"].to_numpy(), cells,
+                                  frame["grp"].to_numpy(dtype=object))
+    fence_codes, fence_uids = pd.factorize(uids) if len(uids) else (np.empty(0, np.int64), np.empty(0, object))
+    if len(point_idx):   # tenancy: a farm's devices are tested against that farm's fences only
+        farm_of_fence = np.array([cache.fence_farm.get(u, "") for u in fence_uids], dtype=object)
+        own = farm_of_fence[fence_codes] == frame["farm_id"].to_numpy(dtype=object)[point_idx]
+        point_idx, fence_codes = point_idx[own], fence_codes[own]
+    sets, set_of_point = _matched_sets(len(frame), point_idx, fence_codes, fence_uids)
+    matched = [sets[j] for j in set_of_point.tolist()]
+    clock.lap("match")
+
+    # the device's home group for this batch = group of its last report (same rule as the router)
+    bounds = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    ends = np.r_[bounds[1:], len(frame)]
+    devices = DeviceBatch(dkeys=[runs.keys[c] for c in codes[bounds].tolist()],
+                          homes=frame["grp"].to_numpy()[ends - 1].tolist())
+    _read_states(redis, ctx.version, devices, counter)
+    clock.lap("read_state")
+
+    ts, lat, lon = frame["ts"].tolist(), frame["lat"].tolist(), frame["lon"].tolist()
+    devices.frame_ts, devices.frame_lat, devices.frame_lon = ts, lat, lon
+    battery = frame["battery"].to_numpy()
+    events: list[Event] = []
+    latest_row = np.full(len(bounds), -1, dtype=np.int64)    # the device's last report that counted
+    # devices whose reports all matched the same fences (most of them: grazing inside one paddock)
+    device_of_row = np.repeat(np.arange(len(bounds)), ends - bounds)
+    differs = set_of_point != set_of_point[bounds][device_of_row]
+    uniform = (np.bincount(device_of_row, weights=differs, minlength=len(bounds)) == 0).tolist()
+    states = [DeviceState.from_dict(b) for b in devices.before]     # advanced in place below
+    last_taken, tied = last_accepted_reports(bounds, frame["ts"].to_numpy(), [s.last_ts for s in states])
+    last_taken = [None if t else int(x) for x, t in zip(last_taken.tolist(), tied.tolist())]
+    for d, (lo, hi) in enumerate(zip(bounds.tolist(), ends.tolist())):
+        state = states[d]
+        device_id = devices.dkeys[d].partition("/")[2]
+        done = advance(state, device_id, ts[lo:hi], lat[lo:hi], lon[lo:hi], matched[lo:hi], cache.rules, ctx.deleted,
+                       uniform=uniform[d], last_accepted=last_taken[d])
+        if done.last >= 0:
+            latest_row[d] = lo + done.last
+            if battery[lo + done.last] == battery[lo + done.last]:      # not NaN: keep the last known one
+                state.battery = float(battery[lo + done.last])
+        events += done.events
+    clock.lap("advance")
+    _write_all(redis, ctx.version, devices, states, latest_row, events, counter, ctx.seen_step_ms)
+    clock.lap("write")
+    # the task's events into their farms' logs (once per event id) before the batch commits: a
+    # replay recomputes the same ids, and the driver only produces them to Kafka
+    event_log(redis).add([e.__dict__ for e in events])
+    clock.lap("events")
+    group_points = Counter(frame["grp"].tolist())
+    stats = {"partition": partition, "points": len(frame), "devices": len(devices.dkeys),
+             "groups": dict(group_points), "redis_local": counter.local, "redis_cross": counter.cross,
+             "fences_cached": len(cache), "stage_s": clock.laps}
+    return events, stats
+
+
+class _Stopwatch:
+    """Seconds spent per step of the task (reported in the stats row: where a batch's time goes)."""
+
+    def __init__(self) -> None:
+        self.laps: dict[str, float] = {}
+        self._last = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 4)
+        self._last = now
+
+
+@dataclass
+class DeviceBatch:
+    """The devices of one task's batch: key, home group, state before the batch, where it moved from."""
+    dkeys: list[str]
+    homes: list[str]
+    before: list[dict | None] = None
+    moved_from: list[str | None] = None
+    frame_ts: list[int] = None
+    frame_lat: list[float] = None
+    frame_lon: list[float] = None
+
+
+def _matched_sets(n: int, point_idx: np.ndarray, codes: np.ndarray, names: np.ndarray
+                  ) -> tuple[list[frozenset[str]], np.ndarray]:
+    """The distinct fence sets the points fell in, and each point's set (index; 0 = no fence).
+    One frozenset per distinct set, not per point: the points' fence codes are rows of a matrix
+    (padded with -1), numbered by their distinct values."""
+    set_of_point = np.zeros(n, dtype=np.int64)
+    if not len(point_idx):
+        return [frozenset()], set_of_point
+    # point_idx is in point order and a point's fences come in the index's fixed order, so equal
+    # sets give equal rows (were one ever listed in another order, it would only count as distinct)
+    starts = np.flatnonzero(np.r_[True, point_idx[1:] != point_idx[:-1]])
+    sizes = np.diff(np.r_[starts, len(point_idx)])
+    rows = np.full((len(starts), int(sizes.max())), -1, dtype=np.int64)
+    rows[np.repeat(np.arange(len(starts)), sizes), np.arange(len(point_idx)) - np.repeat(starts, sizes)] = codes
+    bits = max(1, int(len(names)).bit_length())
+    if bits * rows.shape[1] <= 63:     # each row packed into one int64: a 1-D unique, ~10x faster
+        packed = ((rows + 1) << (bits * np.arange(rows.shape[1], dtype=np.int64))).sum(axis=1)
+        # a hash, not a sort (np.unique was ~6% of the workers' CPU): codes come in order of first
+        # appearance, so a row is a set's first where its code exceeds all before it
+        which, _ = pd.factorize(packed)
+        first = np.flatnonzero(np.r_[True, which[1:] > np.maximum.accumulate(which)[:-1]])
+        distinct = rows[first]
+    else:
+        distinct, which = np.unique(rows, axis=0, return_inverse=True)
+    sets = [frozenset()] + [frozenset(names[row[row >= 0]].tolist()) for row in distinct]
+    set_of_point[point_idx[starts]] = which.ravel() + 1
+    return sets, set_of_point
+
+
+def _by(keys_: list, values: list) -> dict:
+    out: dict = {}
+    for k, v in zip(keys_, values):
+        out.setdefault(k, []).append(v)
+    return out
+
+
+def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter) -> None:
+    """State of each device before this batch, one HMGET per home group. Versioned records make a
+    replay of the same batch start from the same state: {"b": batch that wrote it, "s": after, "p": before}."""
+    n = len(devices.dkeys)
+    raws: list[str | None] = [None] * n
+    by_home = _by(devices.homes, range(n))
+    pipe = NodePipeline(redis)
+    for home, idx in by_home.items():
+        pipe.hmget(keys.group_state(home), [devices.dkeys[i] for i in idx])
+        counter.count(home)
+    for idx, values in zip(by_home.values(), pipe.execute()):
+        for i, raw in zip(idx, values):
+            raws[i] = raw
+    devices.moved_from = [None] * n
+    missing = [i for i in range(n) if raws[i] is None]
+    if missing:   # new devices, or devices whose home group changed since their last batch
+        by_bucket = _by([keys.device_location(devices.dkeys[i]) for i in missing], missing)
+        for bucket, idx in by_bucket.items():
+            pipe.hmget(bucket, [devices.dkeys[i] for i in idx])
+        previous: dict[int, str] = {}
+        for idx, values in zip(by_bucket.values(), pipe.execute()):
+            previous.update({i: g for i, g in zip(idx, values) if g and g != devices.homes[i]})
+        if previous:
+            by_old = _by(list(previous.values()), list(previous))
+            for group, idx in by_old.items():
+                pipe.hmget(keys.group_state(group), [devices.dkeys[i] for i in idx])
+                counter.count(group)
+            for (group, idx), values in zip(by_old.items(), pipe.execute()):
+                for i, raw in zip(idx, values):
+                    raws[i], devices.moved_from[i] = raw, group
+    before = []
+    for raw in raws:
+        record = orjson.loads(raw) if raw else None
+        if record is None:
+            before.append(None)
+        else:
+            before.append(record.get("p") if record.get("b") == version else record.get("s"))
+    devices.before = before
+
+
+def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceState], latest_row: np.ndarray,
+               events: list[Event], counter: CallCounter, seen_step_ms: int = 0) -> None:
+    """All writes of the task in one pipeline, batched per key: device state per home group, device
+    locations per bucket, positions per farm, position index per cell, members per fence. Plain
+    overwrites and set operations, so a replayed batch writes the same values again."""
+    state_by_home: dict[str, dict[str, bytes]] = {}
+    removed_by_old: dict[str, list[str]] = {}
+    locations: dict[str, dict[str, str]] = {}
+    positions: dict[str, dict[str, bytes]] = {}
+    seen: dict[str, dict[str, int]] = {}     # silence is judged by when reports arrive, not their ts
+    received_ms = int(time.time() * 1000)
+    cell_adds: dict[tuple[str, str], list[str]] = {}
+    cell_removes: dict[tuple[str, str], list[str]] = {}
+    has_position = latest_row >= 0
+    pos_cells = np.zeros(len(states), dtype=np.uint64)
+    if has_position.any():
+        rows = latest_row[has_position]
+        pos_cells[has_position] = cells_for_points(np.asarray(devices.frame_lat)[rows], np.asarray(devices.frame_lon)[rows],
+                                                   keys.POS_INDEX_RES)
+    for d, (dkey, home, state) in enumerate(zip(devices.dkeys, devices.homes, states)):
+        farm_id, _, device_id = dkey.partition("/")
+        old = devices.before[d]
+        if has_position[d]:
+            row = int(latest_row[d])
+            cell = cell_to_str(int(pos_cells[d]))
+            previous_cell = (old or {}).get("c")
+            state.cell = cell
+            if state.seen is None or received_ms - state.seen >= seen_step_ms:
+                seen.setdefault(farm_id, {})[device_id] = received_ms
+                state.seen = received_ms
+            positions.setdefault(farm_id, {})[device_id] = orjson.dumps({
+                "lat": devices.frame_lat[row], "lon": devices.frame_lon[row], "ts": devices.frame_ts[row],
+                "battery": state.battery, "rx": received_ms,
+                "fences": [u.partition("/")[2] for u in state.inside_fences()], "cell": cell})
+            if previous_cell != cell:
+                if previous_cell:
+                    cell_removes.setdefault((farm_id, previous_cell), []).append(device_id)
+                cell_adds.setdefault((farm_id, cell), []).append(device_id)
+        state_by_home.setdefault(home, {})[dkey] = orjson.dumps({"b": version, "s": state.to_dict(), "p": old})
+        moved_from = devices.moved_from[d]
+        if moved_from:
+            removed_by_old.setdefault(moved_from, []).append(dkey)
+        if old is None or moved_from:
+            locations.setdefault(keys.device_location(dkey), {})[dkey] = home
+    pipe = NodePipeline(redis)
+    for home, mapping in state_by_home.items():
+        pipe.hset(keys.group_state(home), mapping)
+        counter.count(home)
+    for group, dkeys in removed_by_old.items():
+        key = keys.group_state(group)
+        pipe.command(key, "HDEL", key, *dkeys)
+        counter.count(group)
+    for bucket, mapping in locations.items():
+        pipe.hset(bucket, mapping)
+    for farm_id, mapping in positions.items():
+        pipe.hset(keys.positions(farm_id), mapping)
+    for farm_id, arrivals in seen.items():
+        key = keys.last_seen(farm_id)
+        pipe.command(key, "ZADD", key, *[x for device, ms in arrivals.items() for x in (ms, device)])
+    for (farm_id, cell), members in cell_removes.items():
+        key = keys.position_cell(farm_id, cell)
+        pipe.command(key, "SREM", key, *members)
+    for (farm_id, cell), members in cell_adds.items():
+        key = keys.position_cell(farm_id, cell)
+        pipe.command(key, "SADD", key, *members)
+    final: dict[tuple[str, str, str], Event] = {}   # (farm, fence, device) → its last enter/exit
+    for event in events:
+        if event.type in ("enter", "exit"):
+            final[(event.farm_id, event.fence_id, event.device_id)] = event
+    entered: dict[tuple[str, str], dict[str, int]] = {}
+    exited: dict[tuple[str, str], list[str]] = {}
+    for (farm_id, fence_id, device_id), event in final.items():
+        if event.type == "enter":
+            entered.setdefault((farm_id, fence_id), {})[device_id] = event.ts
+        else:
+            exited.setdefault((farm_id, fence_id), []).append(device_id)
+    for (farm_id, fence_id), devices_out in exited.items():
+        key = keys.members(farm_id, fence_id)
+        pipe.command(key, "HDEL", key, *devices_out)
+    for (farm_id, fence_id), mapping in entered.items():
+        pipe.hset(keys.members(farm_id, fence_id), mapping)
+    pipe.execute()
+    # after the writes: API workers drop their cached answers for these farms
+    notify.live_changed(redis, set(positions) | {farm for farm, _ in entered} | {farm for farm, _ in exited})
+

@@ -1,0 +1,111 @@
+"""The sinks of a micro-batch, idempotent by batch id and event id: events → Redis (per farm: hash +
+time index + live stream, each event written once; by the process tasks) and Kafka `fence.events` (by
+the driver); dead letters → `gps.reports.dlq`; pings → `job:ping:<id>`."""
+from __future__ import annotations
+
+import orjson
+
+from fencing.model.timeutil import iso_many
+from fencing.model import keys
+from fencing.model.node_pipe import NodePipeline
+
+STREAM_MAXLEN = 100_000
+
+# A farm's events, each written only if its id is new, so a replayed batch adds nothing twice. One call
+# per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event.
+_ADD_EVENTS = """
+local flags = {}
+for i = 2, #ARGV, 3 do
+  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
+    redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[1], '*', 'event', ARGV[i + 1])
+    flags[#flags + 1] = 1
+  else
+    flags[#flags + 1] = 0
+  end
+end
+return flags
+"""
+
+
+def public_events(events: list[dict]) -> list[bytes]:
+    """Each event as the contract's JSON (the value in Kafka `fence.events`, the logs and webhooks)."""
+    return [orjson.dumps({"event_id": e["event_id"], "type": e["type"], "device_id": e["device_id"],
+                          "fence_id": e["fence_id"], "ts": stamp, "lat": e["lat"], "lon": e["lon"]})
+            for e, stamp in zip(events, iso_many([e["ts"] for e in events]))]
+
+
+class EventLog:
+    """Each farm's event log in Redis (hash + time index + live stream), written once per event id.
+    Used by the process tasks (their own events, before the batch commits) and the silent scanner."""
+
+    def __init__(self, redis):
+        self.redis = redis
+        self.add_events = redis.register_script(_ADD_EVENTS)
+        redis.script_load(_ADD_EVENTS)              # on every master: the pipelined EVALSHA needs it
+
+    def add(self, events: list[dict]) -> list[tuple[dict, bytes]]:
+        """Each event into its farm's log unless its id is there already; returns the new ones, by
+        time, each with its public JSON. One script call per farm (bounded chunks), pipelined per
+        master: a batch touching thousands of farms costs one round trip per node, not one per farm."""
+        events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
+        by_farm: dict[str, list[tuple[dict, bytes]]] = {}
+        for event, public in zip(events, public_events(events)):
+            by_farm.setdefault(event["farm_id"], []).append((event, public))
+        pipe = NodePipeline(self.redis)
+        chunks: list[list[tuple[dict, bytes]]] = []
+        for farm_id, farm_events in by_farm.items():
+            for start in range(0, len(farm_events), 2000):
+                chunk = farm_events[start:start + 2000]
+                args: list = [STREAM_MAXLEN]
+                for event, public in chunk:
+                    args += [event["event_id"], public, event["ts"]]
+                pipe.script(self.add_events, [keys.event_data(farm_id), keys.events(farm_id),
+                                              keys.event_stream(farm_id)], args)
+                chunks.append(chunk)
+        if not chunks:
+            return []
+        new = [e for chunk, flags in zip(chunks, pipe.execute()) for e, flag in zip(chunk, flags) if flag]
+        new.sort(key=lambda e: (e[0]["ts"], e[0]["event_id"]))
+        return new
+
+
+_LOGS: dict[int, EventLog] = {}
+
+
+def event_log(redis) -> EventLog:
+    """One EventLog per Redis client (a Spark Python worker registers the script once)."""
+    log = _LOGS.get(id(redis))
+    if log is None:
+        log = _LOGS[id(redis)] = EventLog(redis)
+    return log
+
+
+class Sinks:
+    """The driver's side of a batch: its events to Kafka `fence.events` (once per batch id: the
+    tasks have put them in Redis), dead letters to `gps.reports.dlq`, pings."""
+
+    def __init__(self, redis, producer):
+        self.redis, self.producer = redis, producer
+        self.log = event_log(redis)
+
+    def write(self, batch_id: str, events: list[dict], dead_letters: list[str], pings: list[str]) -> None:
+        """`batch_id` is the run-qualified batch version."""
+        events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
+        marker = keys.SINK_DONE.format(batch_id)
+        if not self.redis.get(marker):
+            # Kafka has no upsert: the marker keeps a replayed batch from producing again; consumers can
+            # also drop duplicates by the deterministic event_id.
+            self.producer.produce_records("fence.events", [(e["fence_id"].encode(), public)
+                                                           for e, public in zip(events, public_events(events))])
+            self.producer.produce_records("gps.reports.dlq", [(None, d.encode()) for d in dead_letters])
+            self.redis.set(marker, "1", ex=7 * 24 * 3600)
+        for ping in pings:
+            self.redis.set(f"job:ping:{ping}", batch_id, ex=3600)
+
+    def write_once(self, events: list[dict]) -> int:
+        """Events outside any batch (the silent scanner): Kafka gets only those new to Redis."""
+        new = self.log.add(events)
+        self.producer.produce_records("fence.events", [((e["fence_id"] or e["device_id"]).encode(), public)
+                                                       for e, public in new])
+        return len(new)

@@ -1,0 +1,183 @@
+"""The SparkSession of the job (and of the test suite): loopback only, no UI, Arrow on.
+
+local[*] (the default): everything in one JVM, nothing shipped.
+
+A cluster master (spark://, k8s://, yarn), as `herdfence up --spark-workers N` or
+HERDFENCE_SPARK_MASTER gives it:
+  * the executors' Python code is the artefact in HERDFENCE_PYFILES (deploy/artifact.py builds it),
+    shipped with SparkContext.addPyFile — before the job registers its data source or defines any
+    function, so every Python function carries it in its includes; a probe job logs where the
+    executors import `fencing` from (HERDFENCE_HOME/run/executors.json, and the job log);
+  * dynamic allocation with shuffle tracking (no external shuffle service needed), bounded by
+    HERDFENCE_MIN_EXECUTORS / HERDFENCE_MAX_EXECUTORS (HERDFENCE_DYNAMIC_ALLOCATION=0 turns it off);
+  * one core per executor (HERDFENCE_EXECUTOR_CORES), HERDFENCE_EXECUTOR_MEMORY (1g);
+  * fencing.elastic.scale.RequestWatcher: executor requests posted in Redis (job:scale:request) are applied,
+    the live executors published (job:executors).
+When the job was launched by spark-submit (a Kubernetes driver pod), the driver's host, bind address
+and memory come from spark-submit and are left alone.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+
+from pyspark.sql import SparkSession
+
+log = logging.getLogger("herdfence.spark")
+
+
+def is_local(master: str) -> bool:
+    return master.startswith("local")
+
+
+def cluster_conf(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Spark settings for a cluster master (executor size, dynamic allocation)."""
+    env = os.environ if env is None else env
+    conf = {"spark.executor.cores": env.get("HERDFENCE_EXECUTOR_CORES", "1"),
+            "spark.executor.memory": env.get("HERDFENCE_EXECUTOR_MEMORY", "1g"),
+            # A micro-batch's tasks should start at once on any executor, not wait for locality.
+            "spark.locality.wait": "0s"}
+    # Pinned driver ports (containers, firewalls): executors connect back to the driver on these.
+    if env.get("HERDFENCE_DRIVER_PORT"):
+        conf["spark.driver.port"] = env["HERDFENCE_DRIVER_PORT"]
+    if env.get("HERDFENCE_BLOCKMANAGER_PORT"):
+        conf["spark.blockManager.port"] = env["HERDFENCE_BLOCKMANAGER_PORT"]
+    if env.get("HERDFENCE_EXECUTOR_PYTHON"):
+        conf["spark.pyspark.python"] = env["HERDFENCE_EXECUTOR_PYTHON"]
+    if env.get("HERDFENCE_DYNAMIC_ALLOCATION", "1").lower() not in ("0", "false", "no", "off"):
+        lo = int(env.get("HERDFENCE_MIN_EXECUTORS", "1"))
+        hi = max(lo, int(env.get("HERDFENCE_MAX_EXECUTORS", "16")))
+        initial = min(hi, max(lo, int(env.get("HERDFENCE_INITIAL_EXECUTORS", str(lo)))))
+        conf.update({
+            "spark.dynamicAllocation.enabled": "true",
+            # No external shuffle service: executors holding shuffle data are tracked instead.
+            "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+            "spark.dynamicAllocation.shuffleTracking.timeout": env.get("HERDFENCE_SHUFFLE_TRACKING_TIMEOUT",
+                                                                       "120s"),
+            "spark.dynamicAllocation.minExecutors": str(lo),
+            "spark.dynamicAllocation.maxExecutors": str(hi),
+            "spark.dynamicAllocation.initialExecutors": str(initial),
+            # Micro-batches queueing for 1 s ask for more executors; 60 s without a task gives one back.
+            "spark.dynamicAllocation.schedulerBacklogTimeout": env.get("HERDFENCE_BACKLOG_TIMEOUT", "1s"),
+            "spark.dynamicAllocation.sustainedSchedulerBacklogTimeout": "1s",
+            "spark.dynamicAllocation.executorIdleTimeout": env.get("HERDFENCE_EXECUTOR_IDLE_TIMEOUT", "60s"),
+        })
+    return conf
+
+
+# The local JVM (driver + executor) mostly moves bytes: the readers hand the shuffle a few Arrow IPC
+# blobs per task. C2's compiler threads took half of its CPU in a benchmark's measured run (2.2 of
+# 4.4 core-s in 15 s); C1 alone compiles almost nothing after start and runs this work as fast
+# (docs/benchmarks-notes.md, session 5). HERDFENCE_JVM_OPTIONS replaces it ("" = the JVM's default).
+LOCAL_JVM_OPTIONS = os.environ.get("HERDFENCE_JVM_OPTIONS", "-XX:TieredStopAtLevel=1")
+
+
+def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: int = 4) -> SparkSession:
+    from fencing.config import check_spark_master
+    check_spark_master(master)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Launched by spark-submit (a Kubernetes driver pod, the Spark Operator): the master, the driver's
+    # address and memory, dynamic allocation and --py-files come from spark-submit; leave them alone.
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ
+    builder = SparkSession.builder.appName(app_name)
+    if not submitted:
+        host = os.environ.get("HERDFENCE_DRIVER_HOST", "127.0.0.1")
+        builder = (builder.master(master)
+                   .config("spark.driver.host", host)
+                   .config("spark.driver.bindAddress", os.environ.get("HERDFENCE_DRIVER_BIND", host))
+                   .config("spark.driver.memory", os.environ.get("HERDFENCE_DRIVER_MEMORY", "2g")))
+        if is_local(master):
+            builder = (builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+                       .config("spark.driver.extraJavaOptions", LOCAL_JVM_OPTIONS))
+        else:
+            for k, v in cluster_conf().items():
+                builder = builder.config(k, v)
+    builder = (builder.config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false")
+               .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
+               # Int.MaxValue turns off the per-row Arrow size check feeding mapInArrow (ArrowWriter
+               # .sizeInBytes after every row: 14% of the executor JVM's CPU at 64 MB, the default)
+               .config("spark.sql.execution.arrow.maxBytesPerBatch", "2147483647")
+               # a per-row XXH64 over the shuffle (12% of the executor JVM's CPU) that detects retried
+               # map tasks writing different rows; ours read a fixed Kafka offset range and the routing
+               # table only changes between micro-batches, so a retry writes the same rows
+               .config("spark.sql.shuffle.orderIndependentChecksum.enabled", "false")
+               .config("spark.python.worker.reuse", "true")
+               .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+               .config("spark.executorEnv.PYTHONHASHSEED", "0"))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    if not is_local(spark.sparkContext.master):
+        _ship_code(spark)
+        _start_scale_watcher(spark)
+    return spark
+
+
+# --- the executors' code ----------------------------------------------------------------------------
+def _ship_code(spark: SparkSession) -> None:
+    from fencing.config import PYFILES_ENV, pyfiles_from_env
+    files = pyfiles_from_env()
+    submitted = [f for f in spark.sparkContext.getConf().get("spark.submit.pyFiles", "").split(",") if f]
+    if submitted:      # spark-submit --py-files already ships them (and puts them on sys.path)
+        log.info("executors' code from spark-submit --py-files: %s", submitted)
+        files = [f for f in files if os.path.basename(f) not in {os.path.basename(x) for x in submitted}]
+    elif not files:
+        log.warning("no %s: executors will import herdfence from whatever is installed on their hosts",
+                    PYFILES_ENV)
+    for path in files:
+        if not path.startswith(("local:", "hdfs:", "s3a:", "http:", "https:")) and not os.path.exists(path):
+            raise FileNotFoundError(f"{PYFILES_ENV}: {path} does not exist")
+        spark.sparkContext.addPyFile(path)
+        log.info("shipping %s to the executors (addPyFile)", path)
+    threading.Thread(target=_probe, args=(spark,), name="herdfence-probe", daemon=True).start()
+
+
+def where_am_i(_: object) -> dict:
+    """Runs on an executor: where this Python worker imports herdfence from."""
+    import fencing
+    import ingest
+    return {"host": socket.gethostname(), "pid": os.getpid(), "executor_cwd": os.getcwd(),
+            "fencing": fencing.__file__, "ingest": ingest.__file__, "python": sys.executable,
+            "sys_path_head": sys.path[:3]}
+
+
+def _probe(spark: SparkSession) -> None:
+    """A tiny job: which file do the executors' `fencing` and `ingest` come from? Logged + written."""
+    try:
+        t0 = time.monotonic()
+        sc = spark.sparkContext
+        sc.setLocalProperty("spark.job.description", "herdfence: executor code probe")
+        seen = sc.parallelize(range(8), 8).map(where_am_i).collect()
+        unique = list({(s["pid"], s["fencing"]): s for s in seen}.values())
+        for s in unique:
+            log.info("executor python pid %s (%s) imports fencing from %s", s["pid"], s["executor_cwd"],
+                     s["fencing"])
+        home = os.environ.get("HERDFENCE_HOME")
+        if home:
+            out = os.path.join(home, "run", "executors.json")
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(out, "w") as f:
+                json.dump({"time": time.time(), "probe_s": round(time.monotonic() - t0, 2),
+                           "workers": unique}, f, indent=1)
+    except Exception as e:  # noqa: BLE001 - a diagnostic, never a failure of the job
+        log.warning("executor probe failed: %s", e)
+
+
+def _start_scale_watcher(spark: SparkSession) -> None:
+    if os.environ.get("HERDFENCE_SCALE_WATCH", "1").lower() in ("0", "false", "no", "off"):
+        return
+    from fencing.elastic import scale
+    from fencing.config import load_settings
+    from fencing.model.redis_conn import cluster
+
+    def redis_client():
+        return cluster(*load_settings().redis_node)
+    scale.RequestWatcher(spark.sparkContext, redis_client).start()

@@ -1,0 +1,39 @@
+"""The types the Kafka source's planner (kafka_source) and its reader (kafka_read) share: the
+record schema, one input partition (an offset range) and the data-loss error."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (BinaryType, IntegerType, LongType, StringType, StructField,
+                               StructType, TimestampType)
+
+SCHEMA = StructType([
+    StructField("key", BinaryType()), StructField("value", BinaryType()),
+    StructField("topic", StringType()), StructField("partition", IntegerType()),
+    StructField("offset", LongType()), StructField("timestamp", TimestampType()),
+])
+# Derived with Spark's own converter, exactly as plan_data_source_read.py checks it
+# (timestamp[us, tz=UTC], nullability included): a hand-written schema drifts.
+ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
+BATCH_ROWS = 65536  # rows per yielded RecordBatch: bounded memory, few Arrow round trips
+
+
+class DataLossError(RuntimeError):
+    """Offsets the query needs are gone (retention, truncation, topic re-created)."""
+
+
+@dataclass(frozen=True)
+class KafkaRange(InputPartition):
+    """One input partition: offsets [start, end) of one Kafka partition. Picklable, self-contained
+    (executors know nothing else)."""
+    bootstrap: str
+    topic: str
+    partition: int
+    start: int
+    end: int
+    fail_on_data_loss: bool
+    client: str
+    new_partition: bool = False  # discovered at runtime: out-of-range here is not data loss

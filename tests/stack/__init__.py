@@ -1,0 +1,1 @@
+"""Tests against the one embedded stack per test session (conftest.stack)."""

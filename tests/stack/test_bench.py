@@ -1,0 +1,70 @@
+"""The benchmarks on the shared test stack: correctness of what they report, not speed."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from loadgen.herd import SimConfig, simulate
+
+PUSH_KEYS = {"fences", "points", "devices", "points_per_s", "event_latency_ms", "vectorized_limit_points_per_s",
+             "ratio_to_limit", "events", "lost", "duplicated"}
+PULL_KEYS = {"fences", "devices", "queries_per_s", "latency_ms", "errors"}
+
+
+def test_bulk_validation_matches_single_fence_validation():
+    from fencing.model.fence_store import validate_feature, validate_features_bulk
+    sim = simulate(SimConfig.for_totals(120, 100, 10, seed=3))
+    bad = {"type": "Feature", "properties": {"name": "bow tie"},
+           "geometry": {"type": "Polygon", "coordinates": [[[0, 0], [1, 1], [1, 0], [0, 1], [0, 0]]]}}
+    features = [f.geojson for f in sim.fences] + [bad]
+    bulk = validate_features_bulk(features)
+    for feature, got in zip(features[:-1], bulk):
+        want = validate_feature(feature)
+        assert np.array_equal(got.interior, want.interior) and np.array_equal(got.boundary, want.boundary)
+        assert got.groups == want.groups and got.rules == want.rules
+    with pytest.raises(Exception) as err:
+        validate_feature(bad)
+    assert str(bulk[-1]) == str(err.value)
+
+
+def test_push_bench_is_exact(stack, tmp_path):
+    out = tmp_path / "push.json"
+    stack.cli("bench", "push", "--fences", "200", "--points", "5000", "--devices", "200", "--rate", "2500",
+              "--json", str(out), timeout=900)
+    result = json.loads(out.read_text())
+    assert result["offered_rate"] == 2500 and result["produce"]["seconds"] >= 1.6   # paced: 5000 at 2500/s
+    assert PUSH_KEYS <= set(result)
+    assert set(result["event_latency_ms"]) >= {"p50", "p99"}
+    assert result["stack"]["kind"] == "running"          # it used the session's stack
+    assert result["completed"] and result["processed_points"] == 5000
+    assert result["events"] > 0
+    assert result["lost"] == 0 and result["duplicated"] == 0 and result["unexpected_events"] == 0
+    assert result["points_per_s"] > 0 and result["vectorized_limit_points_per_s"] > 0
+    assert out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_pull_bench_has_no_errors(stack, tmp_path):
+    out = tmp_path / "pull.json"
+    stack.cli("bench", "pull", "--fences", "100", "--devices", "100", "--seconds", "3", "--connections", "4",
+              "--json", str(out), timeout=900)
+    result = json.loads(out.read_text())
+    assert PULL_KEYS <= set(result)
+    assert result["errors"] == 0
+    assert result["queries_per_s"] > 0 and result["latency_ms"]["p99"] >= result["latency_ms"]["p50"] > 0
+    uncached = result["uncached"]        # the same mix with Cache-Control: no-cache: Redis every time
+    assert uncached["errors"] == 0 and uncached["queries_per_s"] > 0
+
+
+def test_report_shows_flood_and_paced_runs(tmp_path):
+    from loadgen.bench_report import write_report
+    base = {"fences": 100, "devices": 10, "points": 1000, "vectorized_limit_points_per_s": 1e5,
+            "ratio_to_limit": 0.1, "events": 5, "lost": 0, "duplicated": 0, "batches": 2, "command": "x"}
+    (tmp_path / "bench-push-a.json").write_text(json.dumps(
+        {**base, "points_per_s": 9000.0, "offered_rate": None, "event_latency_ms": {"p50": 4000, "p99": 9000}}))
+    (tmp_path / "bench-push-b.json").write_text(json.dumps(
+        {**base, "points_per_s": 2000.0, "offered_rate": 2000.0, "event_latency_ms": {"p50": 800, "p99": 1700}}))
+    text = write_report(tmp_path).read_text()
+    assert "| flood | 9,000 |" in text and "| 2,000/s | 2,000 |" in text
+    assert "paced at 2,000 reports/s (100 fences): event p50 800 ms, p99 1,700 ms" in text
