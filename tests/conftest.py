@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 HERDFENCE = str(Path(sys.executable).parent / "herdfence")
 # The test stack's ports; HERDFENCE_TEST_PORT_OFFSET shifts them so two suites can run side by side.
-_OFFSET = int(os.environ.get("HERDFENCE_TEST_PORT_OFFSET", "0"))
+OFFSET = _OFFSET = int(os.environ.get("HERDFENCE_TEST_PORT_OFFSET", "0"))
 TEST_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(19092 + _OFFSET),
               "HERDFENCE_EMBEDDED_REDIS_PORT": str(17101 + _OFFSET), "HERDFENCE_API_PORT": str(18000 + _OFFSET)}
 

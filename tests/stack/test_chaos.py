@@ -20,7 +20,7 @@ import pytest
 
 from loadgen import http_writer, kafka_writer
 from tests.chaoskit import Herd, alive, children, heartbeat, kill9, read_pid, wait_until
-from tests.conftest import HERDFENCE, ROOT, Stack
+from tests.conftest import HERDFENCE, OFFSET, ROOT, Stack
 
 # Why the broker is not restarted on durable storage here (issue 8, last chaos item):
 BROKER_NOT_DURABLE = (
@@ -131,8 +131,8 @@ def test_api_killed_under_load(stack):
 
 
 # --- own stack with Redis replicas: (b) master failover, (d) broker down -------------------------
-HA_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "24092", "HERDFENCE_EMBEDDED_REDIS_PORT": "14101",
-            "HERDFENCE_API_PORT": "24800"}
+HA_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(24092 + OFFSET), "HERDFENCE_EMBEDDED_REDIS_PORT": str(14101 + OFFSET),
+            "HERDFENCE_API_PORT": str(24800 + OFFSET)}
 
 
 @pytest.fixture(scope="module")

@@ -19,14 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import HERDFENCE, ROOT, Stack, wait_for
+from tests.conftest import HERDFENCE, OFFSET, ROOT, Stack, wait_for
 from tests.farmkit import Farm, square
 # The acceptance flow, unchanged: collected here again, so it runs on this module's cluster stack.
 from tests.stack.test_flow import test_enter_query_exit_query, test_errors_and_tenancy  # noqa: F401
 
-CLUSTER_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "23092", "HERDFENCE_EMBEDDED_REDIS_PORT": "12101",
-                 "HERDFENCE_API_PORT": "23800", "HERDFENCE_EMBEDDED_SPARK_PORT": "23077"}
-MASTER_UI = 23077 + 3
+SPARK_PORT = 23077 + OFFSET
+CLUSTER_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(23092 + OFFSET), "HERDFENCE_EMBEDDED_REDIS_PORT": str(12101 + OFFSET),
+                 "HERDFENCE_API_PORT": str(23800 + OFFSET), "HERDFENCE_EMBEDDED_SPARK_PORT": str(SPARK_PORT)}
+MASTER_UI = SPARK_PORT + 3
 pytestmark = pytest.mark.stack
 
 
@@ -78,7 +79,7 @@ def test_status_shows_standalone_cluster(stack):
     assert st["ok"], comps
     for name in ("broker", "redis", "job", "api", "spark_master", "spark_worker_1", "spark_worker_2"):
         assert comps[name]["ok"] and comps[name]["pid"], name
-    assert comps["spark_master"]["port"] == 23077
+    assert comps["spark_master"]["port"] == SPARK_PORT
     assert comps["spark_master"]["alive_workers"] == 2
     state = _master_json()
     assert [a["name"] for a in state["activeapps"]] == ["herdfence"]
@@ -167,7 +168,7 @@ def test_unreachable_kafka_is_refused(tmp_path):
 
 def test_redis_not_a_cluster_or_unreachable_is_refused(tmp_path):
     assert "Redis is unreachable" in _up_fails(tmp_path, HERDFENCE_REDIS="127.0.0.1:1")
-    port = 23199          # a plain (non-cluster) redis-server of our own
+    port = 23199 + OFFSET         # a plain (non-cluster) redis-server of our own
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

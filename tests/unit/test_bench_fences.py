@@ -12,8 +12,9 @@ import pytest
 
 from deploy.redis_cluster import BUS_OFFSET
 from deploy.procs import DeployError, ensure_port_free, port_open
+from tests.conftest import OFFSET
 
-PORT = 11104
+PORT = 11104 + OFFSET
 KEYS = {"fence_counts", "points", "partitions", "per_point_cost_ratio", "bar", "meets_bar", "results",
         "redis", "machine", "command"}
 RESULT_KEYS = {"fences", "points", "region", "load", "redis_memory", "partitions", "cache", "match",

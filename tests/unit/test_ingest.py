@@ -12,12 +12,13 @@ import pyarrow as pa
 import pytest
 
 from ingest.kafka_read import read_range
+from tests.conftest import OFFSET
 from ingest.kafka_source import (ARROW_SCHEMA, KafkaStreamReader, SourceOptions, fair_share,
                                  register, split_ranges)
 from ingest.producer import BrokerUnavailable, KafkaWriter, ReportProducer
 from ingest.validate import PING_KEY, parse_kafka_values, validate_report_dicts
 
-PORT = 29192
+PORT = 29192 + OFFSET
 BOOT = f"127.0.0.1:{PORT}"
 NOW = 1_750_000_000_000
 
@@ -323,7 +324,7 @@ def test_producer_roundtrip_and_broker_down(broker):
     r.stop()
     t0 = time.time()
     with pytest.raises(BrokerUnavailable):
-        ReportProducer("127.0.0.1:29193", timeout_s=2).send_many([GOOD])
+        ReportProducer(f"127.0.0.1:{PORT + 1}", timeout_s=2).send_many([GOOD])
     assert time.time() - t0 < 6
 
 
