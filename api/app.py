@@ -7,6 +7,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from fastapi import FastAPI, Request
+from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -15,9 +16,10 @@ from fastapi.staticfiles import StaticFiles
 
 import asyncio
 
-from api import invalidation, metrics, routes_fences, routes_query, routes_reports, webhooks
+from api import errors, invalidation, metrics, routes_fences, routes_query, routes_reports, webhooks
 from api.fastpath import HotQueries
 from api.limits import BodySizeLimit
+from api.serving import die_with_master
 from fencing.config import load_settings
 
 UI_DIR = Path(__file__).parent / "ui"
@@ -28,6 +30,7 @@ NODE_MODULES = UI_DIR / "node_modules"
 async def lifespan(app: FastAPI):
     from fencing.model.redis_conn import connect
 
+    die_with_master()
     settings = load_settings()
     app.state.settings = settings
     app.state.redis = connect(settings)
@@ -113,10 +116,8 @@ if (NODE_MODULES / "@geoman-io").exists():
               name="geoman")
 
 
-@app.exception_handler(ConnectionError)
-async def redis_down(request: Request, exc: ConnectionError) -> JSONResponse:
-    return JSONResponse({"detail": "live state store unavailable, retry shortly"}, status_code=503,
-                        headers={"Retry-After": "2"})
+for _exc in (*errors.STORE_UNAVAILABLE, redis_errors.OutOfMemoryError):
+    app.add_exception_handler(_exc, lambda request, exc: errors.store_error(exc))
 
 
 # uvicorn serves `app`: the hot pull queries' short way in (api/fastpath.py), then FastAPI for the rest

@@ -25,3 +25,23 @@ class NoDelayHTTP(_Base):
             except OSError:  # pragma: no cover - a socket closed under us
                 pass
         super().connection_made(transport)
+
+
+def die_with_master() -> None:
+    """In a uvicorn worker: be killed when the master process dies, even by SIGKILL (Linux
+    PR_SET_PDEATHSIG), so an orphaned worker never keeps the API port. The master itself has no
+    multiprocessing parent and is left alone (its parent, `herdfence up --detach`, exits on purpose)."""
+    import ctypes
+    import multiprocessing
+    import os
+    import signal
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)          # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):          # pragma: no cover - not Linux
+        return
+    if os.getppid() != parent.pid:             # the master died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)

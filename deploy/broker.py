@@ -1,15 +1,25 @@
-"""The Kafka side: the embedded Tansu broker (when HERDFENCE_KAFKA is unset) and the topics."""
+"""The Kafka side: the embedded Tansu broker (when HERDFENCE_KAFKA is unset) and the topics.
+
+The embedded broker keeps its log on disk by default: Tansu on `s3://` against herdfence's own
+S3-compatible object store (deploy/objectstore.py, component "broker_store", data in
+HERDFENCE_HOME/broker, port = the Kafka port + 1). Reports acknowledged with 202, `fence.events` and
+the DLQ survive a kill -9 of the broker, of the store, and `down`/`up`; the job resumes from its
+checkpoint. HERDFENCE_BROKER_STORAGE=memory keeps Tansu's memory engine (nothing survives a broker
+restart; `up` then clears the job's checkpoint).
+"""
 from __future__ import annotations
 
 import os
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from deploy import procs
 from fencing.config import (REPORT_PARTITIONS, TOPIC_DLQ, TOPIC_EVENTS, TOPIC_REPORTS, Settings)
 
 NAME = "broker"
+STORE = "broker_store"
 
 
 @dataclass(frozen=True)
@@ -30,12 +40,38 @@ def spec(settings: Settings) -> procs.ProcSpec:
         raise procs.DeployError(f"the embedded Kafka broker (Tansu) is not available: {e}; "
                                 "run make setup") from e
     url = f"tcp://127.0.0.1:{settings.embedded_kafka_port}"
+    env = {}
+    engine = "memory://tansu/"
+    if settings.broker_durable:
+        engine = "s3://tansu/"
+        # object_store's S3 client (inside Tansu) reads these; the store ignores the credentials.
+        env = {"AWS_ENDPOINT": f"http://127.0.0.1:{store_port(settings)}", "AWS_ALLOW_HTTP": "true",
+               "AWS_ACCESS_KEY_ID": "herdfence", "AWS_SECRET_ACCESS_KEY": "herdfence",
+               "AWS_DEFAULT_REGION": "us-east-1"}
     return procs.ProcSpec(
         name=NAME,
         argv=[binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
-              "--storage-engine", "memory://tansu/"],
+              "--storage-engine", engine],
         markers=[os.path.basename(binary), url],
-        port=settings.embedded_kafka_port, port_env="HERDFENCE_EMBEDDED_KAFKA_PORT")
+        port=settings.embedded_kafka_port, port_env="HERDFENCE_EMBEDDED_KAFKA_PORT", env=env)
+
+
+def store_port(settings: Settings) -> int:
+    return settings.embedded_kafka_port + 1
+
+
+def data_dir(settings: Settings) -> Path:
+    """The broker's log (the object store's files)."""
+    return settings.home / "broker"
+
+
+def store_spec(settings: Settings) -> procs.ProcSpec:
+    port = store_port(settings)
+    return procs.ProcSpec(
+        name=STORE, argv=[sys.executable, "-m", "deploy.objectstore", "--root", str(data_dir(settings)),
+                          "--port", str(port)],
+        markers=["deploy.objectstore", f"--port {port}"], port=port,
+        port_env="HERDFENCE_EMBEDDED_KAFKA_PORT", cwd=str(Path(__file__).resolve().parents[1]))
 
 
 def _admin(settings: Settings):
@@ -109,17 +145,22 @@ def up(settings: Settings) -> bool:
     started = False
     rec = None
     if settings.kafka is None:
+        if settings.broker_durable and procs.alive_record(settings, STORE) is None:
+            store = procs.start(settings, store_spec(settings))
+            procs.wait_for_port(store_port(settings), 15, store, settings)
         rec = procs.alive_record(settings, NAME)
         if rec is None:
             rec = procs.start(settings, spec(settings))
-            started = True
+            started = not settings.broker_durable
     wait_ready(settings, rec)
     ensure_topics(settings)
     return started
 
 
 def down(settings: Settings) -> bool:
-    return procs.stop(settings, NAME)
+    stopped = procs.stop(settings, NAME)
+    procs.stop(settings, STORE)
+    return stopped
 
 
 def status(settings: Settings) -> dict:
@@ -127,5 +168,11 @@ def status(settings: Settings) -> dict:
         return {"pid": None, "external": settings.kafka, "ok": reachable(settings)}
     rec = procs.alive_record(settings, NAME)
     port = settings.embedded_kafka_port
-    return {"pid": rec.pid if rec else None, "port": port,
-            "ok": rec is not None and procs.port_open(port)}
+    out = {"pid": rec.pid if rec else None, "port": port, "ok": rec is not None and procs.port_open(port),
+           "storage": "disk" if settings.broker_durable else "memory"}
+    if settings.broker_durable:
+        store = procs.alive_record(settings, STORE)
+        out["store"] = {"pid": store.pid if store else None, "port": store_port(settings),
+                        "dir": str(data_dir(settings)), "ok": store is not None}
+        out["ok"] = out["ok"] and store is not None
+    return out

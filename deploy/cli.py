@@ -6,6 +6,7 @@ import importlib
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 
 from deploy.procs import DeployError
@@ -40,6 +41,25 @@ def _cmd_status(args: argparse.Namespace) -> int:
             print(f"{name:16} {'ok  ' if c['ok'] else 'DOWN'} pid={c['pid']} {where}".rstrip())
         print("ok" if st["ok"] else "NOT ok")
     return 0 if st["ok"] else 1
+
+
+def _cmd_reset(args: argparse.Namespace) -> int:
+    from deploy import datadir
+    deleted = datadir.reset(load_settings(), yes=args.yes)
+    print("deleted: " + (", ".join(str(p) for p in deleted) if deleted else "nothing (no data)"))
+    return 0
+
+
+def _cmd_backup(args: argparse.Namespace) -> int:
+    from deploy import datadir
+    print(json.dumps(datadir.backup(load_settings(), args.dir), indent=1))
+    return 0
+
+
+def _cmd_restore(args: argparse.Namespace) -> int:
+    from deploy import datadir
+    datadir.restore(load_settings(), args.dir, yes=args.yes)
+    return 0
 
 
 def _lazy(module: str, what: str) -> ModuleType:
@@ -82,7 +102,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds to wait for the API and the job's first micro-batch (default 180)")
     up.set_defaults(func=_cmd_up)
 
-    sub.add_parser("down", help="stop everything `up` started").set_defaults(func=_cmd_down)
+    sub.add_parser("down", help="stop everything `up` started; deletes nothing").set_defaults(func=_cmd_down)
+
+    rs = sub.add_parser("reset", help="delete all data of HERDFENCE_HOME (farms, fences, devices, events, "
+                                      "history, broker log, checkpoint); stops the stack first")
+    rs.add_argument("--yes", action="store_true", help="really delete (without it: only say what)")
+    rs.set_defaults(func=_cmd_reset)
+
+    bk = sub.add_parser("backup", help="a consistent copy of the embedded stack's data, taken while it runs")
+    bk.add_argument("dir", type=Path)
+    bk.set_defaults(func=_cmd_backup)
+
+    rt = sub.add_parser("restore", help="bring a backup back into a stopped or fresh HERDFENCE_HOME")
+    rt.add_argument("dir", type=Path)
+    rt.add_argument("--yes", action="store_true", help="replace the data HERDFENCE_HOME already holds")
+    rt.set_defaults(func=_cmd_restore)
 
     st = sub.add_parser("status", help="component status (exit 0 when all ok)")
     st.add_argument("--json", action="store_true")

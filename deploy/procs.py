@@ -178,6 +178,12 @@ def wait_for_port(port: int, timeout: float, rec: ProcRecord | None = None,
 # --- start / stop --------------------------------------------------------------------------------
 def start(settings: Settings, spec: ProcSpec, restarts: int = 0) -> ProcRecord:
     """Start `spec` detached (own session: survives the terminal, killable as a group)."""
+    previous = read_record(settings, spec.name)
+    if previous is not None and not record_alive(previous):
+        # A crashed leader may have left children behind (uvicorn workers holding the API port, a
+        # JVM): its process group is ours alone, so reclaim it before starting again.
+        kill_leftovers(previous.pid)
+        _wait_group_gone(previous.pid)
     if spec.port is not None:
         ensure_port_free(spec.port, spec.port_env)
     _, _, log = _paths(settings, spec.name)
@@ -243,6 +249,12 @@ def kill_leftovers(pid: int) -> None:
     crashed PySpark driver). Safe from PID reuse: Linux hands out no PID equal to a live group id."""
     if _group_exists(pid):
         _signal(pid, signal.SIGKILL, True)
+
+
+def _wait_group_gone(pgid: int, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while _group_exists(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _group_exists(pgid: int) -> bool:

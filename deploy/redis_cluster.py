@@ -1,8 +1,10 @@
 """The embedded Redis Cluster: 3 masters (+ optional replicas) on 127.0.0.1, and a client helper.
 
-Node data dirs live in HERDFENCE_HOME/redis/<port> (redis.conf + nodes.conf). Nothing is persisted
-(save "", no AOF): when every node is down, `up` wipes the dirs and forms a fresh cluster; when only
-some are down, they restart with their nodes.conf and rejoin the formed cluster (no re-create).
+Node data dirs live in HERDFENCE_HOME/redis/<port>: redis.conf, nodes.conf, the append-only file
+(appendfsync everysec, RDB preamble) and RDB snapshots. Everything a node acknowledged survives a
+kill -9 of the process (only a kernel crash can lose up to a second). `up` never wipes: nodes that are
+down restart from their own files and the cluster re-forms from each node's nodes.conf; only a node
+without any cluster state gets slots or a MEET. `herdfence reset --yes` is the only delete.
 """
 from __future__ import annotations
 
@@ -68,9 +70,14 @@ def _write_conf(settings: Settings, port: int) -> Path:
         "cluster-enabled yes", "cluster-config-file nodes.conf", "cluster-node-timeout 2000",
         # Losing one master must not take the other shards down (no replicas by default).
         "cluster-require-full-coverage no",
-        # Nothing is persisted anyway: a replica may always take over, however stale.
+        # A replica may always take over (with replicas, the lag is milliseconds).
         "cluster-replica-validity-factor 0",
-        "appendonly no", 'save ""',
+        # A system of record: every write in the AOF, fsynced each second; compact rewrites start
+        # with an RDB image. Snapshots as well, so a broken AOF still leaves a recent copy.
+        "appendonly yes", "appendfsync everysec", "aof-use-rdb-preamble yes",
+        "save 3600 1 300 100 60 10000",
+        # Bounded memory: writers get an OOM error (the API answers 507), nothing is evicted.
+        f"maxmemory {settings.redis_maxmemory}", "maxmemory-policy noeviction",
     ]) + "\n")
     return conf
 
@@ -171,9 +178,6 @@ def up(settings: Settings, replicas: int = 0) -> None:
     all_nodes = nodes(settings, replicas)
     _check_ports(all_nodes)
     dead = [n for n in all_nodes if procs.alive_record(settings, n.name) is None]
-    if len(dead) == len(all_nodes):
-        # Nothing of ours runs: start from scratch, so a stale nodes.conf cannot bite.
-        shutil.rmtree(settings.home / "redis", ignore_errors=True)
     for n in dead:
         # A taken cluster-bus port would make redis exit right after start: say so up front.
         procs.ensure_port_free(n.port + BUS_OFFSET, "HERDFENCE_EMBEDDED_REDIS_PORT")

@@ -1,7 +1,7 @@
 """The whole embedded stack: up / down / status.
 
 Order up: broker, Redis Cluster, (Spark standalone master + workers), job, API, (supervisor).
-Order down: supervisor, job, API, Spark, Redis, broker. Everything is stopped by its recorded PID.
+Order down: supervisor, job, API, Spark, Redis, broker, its object store. Everything is stopped by its recorded PID.
 Components that are alive are left alone, so `up --detach` run again restarts only what is down.
 """
 from __future__ import annotations
@@ -40,7 +40,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env = {"HERDFENCE_HOME": str(settings.home), "HERDFENCE_API_PORT": str(settings.api_port),
            "HERDFENCE_EMBEDDED_KAFKA_PORT": str(settings.embedded_kafka_port),
            "HERDFENCE_EMBEDDED_REDIS_PORT": str(settings.embedded_redis_port),
-           "HERDFENCE_EMBEDDED_REDIS_MASTERS": str(settings.embedded_redis_masters)}
+           "HERDFENCE_EMBEDDED_REDIS_MASTERS": str(settings.embedded_redis_masters),
+           "HERDFENCE_BROKER_STORAGE": "disk" if settings.broker_durable else "memory",
+           "HERDFENCE_REDIS_MAXMEMORY": settings.redis_maxmemory}
     for var, value in (("HERDFENCE_KAFKA", settings.kafka), ("HERDFENCE_REDIS", settings.redis),
                        ("HERDFENCE_SPARK_MASTER", settings.spark_master)):
         if value:
@@ -254,7 +256,7 @@ def down(settings: Settings) -> list[str]:
     broker; the members of each step stop in parallel.
     """
     steps = [[SUPERVISOR], [JOB, API], [*spark_cluster.started_workers(settings)], [spark_cluster.MASTER],
-             [n.name for n in redis_cluster.recorded_nodes(settings)], [broker.NAME]]
+             [n.name for n in redis_cluster.recorded_nodes(settings)], [broker.NAME], [broker.STORE]]
     return [name for step in steps for name in procs.stop_many(settings, step)]
 
 

@@ -1,4 +1,6 @@
-"""Restart crashed components (the job, the API) with bounded retries and exponential backoff.
+"""Restart crashed components with bounded retries and exponential backoff: the broker's object
+store, the broker, every Redis node, the job and the API, in that order (what a later one needs
+comes back first).
 
 Runs inside `herdfence up` (foreground) or as its own detached process (`python -m deploy.supervisor`,
 pid-filed as component "supervisor") for `up --detach`. It restarts from the component's JSON
@@ -13,11 +15,20 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from deploy import procs
+from deploy import broker, procs
 from fencing.config import Settings, load_settings
 
 NAME = "supervisor"
-SUPERVISED = ("job", "api")
+LAST = ("job", "api")
+
+
+def supervised(settings: Settings) -> tuple[str, ...]:
+    """Every component `up` recorded, the stores first. Spark's standalone daemons are left out:
+    the job's executors ride out a lost worker, and `up` restarts it."""
+    names = procs.recorded_names(settings)
+    first = [n for n in (broker.STORE, broker.NAME) if n in names]
+    redis_nodes = sorted(n for n in names if n.startswith("redis_"))
+    return (*first, *redis_nodes, *LAST)
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,7 @@ class _Track:
 @dataclass
 class Supervisor:
     settings: Settings
-    names: tuple[str, ...] = SUPERVISED
+    names: tuple[str, ...] | None = None      # None: `supervised(settings)`, read at every pass
     policy: RestartPolicy = RestartPolicy()
     log: callable = field(default=lambda msg: print(f"herdfence supervisor: {msg}", file=sys.stderr,
                                                     flush=True))
@@ -47,7 +58,7 @@ class Supervisor:
     def step(self, now: float | None = None) -> None:
         """One pass: restart what crashed and is due. Components without a record are not ours."""
         now = time.monotonic() if now is None else now
-        for name in self.names:
+        for name in self._names():
             rec = procs.read_record(self.settings, name)
             if rec is None or rec.gave_up:
                 continue
@@ -79,8 +90,11 @@ class Supervisor:
                 except procs.DeployError as e:     # e.g. its port is still taken: try again later
                     self.log(f"cannot restart {name}: {e}")
 
+    def _names(self) -> tuple[str, ...]:
+        return self.names if self.names is not None else supervised(self.settings)
+
     def has_work(self) -> bool:
-        return any(procs.read_record(self.settings, n) is not None for n in self.names)
+        return any(procs.read_record(self.settings, n) is not None for n in self._names())
 
     def run(self, stop: threading.Event, interval_s: float = 1.0) -> None:
         idle_since = None

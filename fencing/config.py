@@ -32,6 +32,8 @@ class Settings:
     embedded_kafka_port: int = DEFAULT_KAFKA_PORT
     embedded_redis_port: int = DEFAULT_REDIS_PORT
     embedded_redis_masters: int = REDIS_MASTERS     # HERDFENCE_EMBEDDED_REDIS_MASTERS: any size >= 1
+    redis_maxmemory: str = "4gb"    # HERDFENCE_REDIS_MAXMEMORY: per embedded node (noeviction beyond)
+    broker_durable: bool = True     # HERDFENCE_BROKER_STORAGE: disk (default) | memory
 
     @property
     def embedded_redis_ports(self) -> list[int]:
@@ -99,7 +101,24 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         embedded_kafka_port=int(env.get("HERDFENCE_EMBEDDED_KAFKA_PORT") or DEFAULT_KAFKA_PORT),
         embedded_redis_port=int(env.get("HERDFENCE_EMBEDDED_REDIS_PORT") or DEFAULT_REDIS_PORT),
         embedded_redis_masters=max(1, int(env.get("HERDFENCE_EMBEDDED_REDIS_MASTERS") or REDIS_MASTERS)),
+        broker_durable=_broker_storage(env.get("HERDFENCE_BROKER_STORAGE") or "disk"),
+        redis_maxmemory=_memory_size("HERDFENCE_REDIS_MAXMEMORY", env.get("HERDFENCE_REDIS_MAXMEMORY") or "4gb"),
     )
+
+
+def _broker_storage(value: str) -> bool:
+    if value.strip().lower() not in ("disk", "memory"):
+        raise DeployError(f"HERDFENCE_BROKER_STORAGE={value!r}: expected disk or memory")
+    return value.strip().lower() == "disk"
+
+
+def _memory_size(var: str, value: str) -> str:
+    """A Redis memory size (`4gb`, `512mb`, bytes); anything else is a clear error, not a Redis
+    that refuses to start."""
+    text = value.strip().lower()
+    if not re.fullmatch(r"\d+(b|kb|k|mb|m|gb|g)?", text):
+        raise DeployError(f"{var}={value!r} is not a memory size (e.g. 4gb, 512mb)")
+    return text
 
 
 class DeployError(RuntimeError):
