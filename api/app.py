@@ -11,16 +11,18 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse
+from fastapi.responses import FileResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 import asyncio
 
 from api import errors, invalidation, metrics, routes_fences, routes_query, routes_reports, webhooks
+from api.event_hub import EventHub
 from api.fastpath import HotQueries
 from api.limits import BodySizeLimit
 from api.serving import die_with_master
 from fencing.config import load_settings
+from fencing.model import notify
 
 UI_DIR = Path(__file__).parent / "ui"
 NODE_MODULES = UI_DIR / "node_modules"
@@ -46,10 +48,14 @@ async def lifespan(app: FastAPI):
 
     app.state.producer = producer
     delivery = asyncio.create_task(webhooks.Deliverer(app.state.redis).run())
+    hub = app.state.event_hub = EventHub(app.state.aredis, per_farm=settings.streams_per_farm)
+    invalidation.on(notify.LIVE, hub.changed)
+    hub_task = asyncio.create_task(hub.run())
     listener = asyncio.create_task(invalidation.listen(settings.redis_nodes))
     yield
     delivery.cancel()
     listener.cancel()
+    hub_task.cancel()
     await app.state.aredis.aclose()
     if producer.cache_info().currsize:
         producer().close()

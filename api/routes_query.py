@@ -1,14 +1,19 @@
 """Pull queries: who is inside a fence or an area, where a device is, positions, events (+ SSE)."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Body, Depends, Query, Request
+import re
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from api import answers, events, history, live, tenancy
+from api import answers, event_hub, events, history, live, tenancy
+from api.event_hub import TooManyStreams
 from api.auth import Principal, farm_principal, principal
 from api.errors import not_found, unprocessable
 from fencing.model.timeutil import iso, to_ms
 from fencing.model.geometry import FenceError
+
+STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
 import anyio.from_thread
 import shapely
 
@@ -98,7 +103,14 @@ def get_events(request: Request, fence_id: str | None = None, device_id: str | N
 @router.get("/events/stream", summary="Live fence events as Server-Sent Events (auth: Bearer or ?key=)")
 async def stream_events(request: Request, who: Principal = Depends(farm_principal)) -> StreamingResponse:
     last_id = request.headers.get("last-event-id")
-    return StreamingResponse(events.stream(request.app.state.redis, who.farm_id, last_id, request.is_disconnected),
+    if last_id is not None and not STREAM_ID.fullmatch(last_id):
+        raise unprocessable("Last-Event-ID: expected an event stream id such as 1732500000000-0")
+    hub = request.app.state.event_hub
+    try:
+        sub = await hub.subscribe(who.farm_id, last_id)
+    except TooManyStreams as err:
+        raise HTTPException(429, f"{err}; close another map first", headers={"Retry-After": "10"}) from None
+    return StreamingResponse(event_hub.frames(hub, sub, request.is_disconnected),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

@@ -63,7 +63,8 @@ def stack(tmp_path_factory) -> Stack:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
     # a low per-device report rate so that the 429 path is reachable from a test client
     env.update(TEST_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_TRIGGER="200 milliseconds",
-               HERDFENCE_RATE_DEVICE="10", HERDFENCE_KEEP_WARM_SECONDS="4")
+               HERDFENCE_RATE_DEVICE="10", HERDFENCE_KEEP_WARM_SECONDS="4",
+               HERDFENCE_STREAMS_PER_FARM="40")
     s = Stack(env=env, api_url=f"http://127.0.0.1:{TEST_PORTS['HERDFENCE_API_PORT']}")
     try:
         s.cli("up", "--detach", timeout=600)

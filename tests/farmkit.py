@@ -21,6 +21,15 @@ class Farm:
         self.api = stack.client(self.key)
         self.base_ts = int(time.time() * 1000) - 3_600_000
 
+    @classmethod
+    def attach(cls, stack: Stack, farm_id: str, key: str) -> "Farm":
+        """A farm that exists already (e.g. restored from a backup)."""
+        farm = cls.__new__(cls)
+        farm.stack, farm.farm_id, farm.key = stack, farm_id, key
+        farm.api = stack.client(key)
+        farm.base_ts = int(time.time() * 1000) - 3_600_000
+        return farm
+
     def fence(self, geometry: dict, name: str = "paddock", **props) -> str:
         resp = self.api.post("/v1/fences", json={"type": "Feature", "properties": {"name": name, **props},
                                                   "geometry": geometry})

@@ -4,14 +4,15 @@
 (a) the Spark job, three times in one run (driver only, JVM only, the whole process group);
 (b) a Redis master of a cluster with replicas (own stack, `--redis-replicas 1`);
 (c) the API under load (clients retry; nothing accepted is lost);
-(d) the broker: see BROKER_NOT_DURABLE — tested instead: 503 + Retry-After while it is down, and the
-    job resumes when it is back.
+(d) the broker (its log is on disk, deploy/objectstore.py): 503 + Retry-After while it is down and
+    nobody restarts it; reports acknowledged before the kill are processed after it, exactly once.
 """
 from __future__ import annotations
 
 import json
 import os
 import random
+import signal
 import threading
 import time
 
@@ -21,18 +22,6 @@ import pytest
 from loadgen import http_writer, kafka_writer
 from tests.chaoskit import Herd, alive, children, heartbeat, kill9, read_pid, wait_until
 from tests.conftest import HERDFENCE, OFFSET, ROOT, Stack
-
-# Why the broker is not restarted on durable storage here (issue 8, last chaos item):
-BROKER_NOT_DURABLE = (
-    "The embedded Tansu runs on its memory engine (deploy/broker.py passes --storage-engine memory://tansu/): a "
-    "restarted broker starts with an empty log, so `up` clears the job checkpoint and nothing accepted but not "
-    "yet processed survives a broker crash. Tansu's durable engine here is s3:// on an S3 service with "
-    "conditional PUT. Debian has no minio; PyPI's moto server (moto[server] 5.2.5) does honour If-None-Match: * "
-    "and If-Match, and Tansu 0.6.0 on s3:// against it kept all 2,000 records across a kill -9 (checked by "
-    "hand for issue 8), but the stack cannot start its broker on s3:// yet (a deploy/ change, proposed in "
-    "issue 8's report). Until then the suite tests what a user sees while the broker is down: POST "
-    "/v1/reports answers 503 with Retry-After and accepts nothing, and the job resumes when it is back.")
-
 
 def _fresh_beat(redis, since: float, min_points: int = 1) -> dict | None:
     beat = heartbeat(redis)
@@ -190,18 +179,18 @@ def test_redis_master_killed_with_replicas(ha_stack):
     assert (result["lost"], result["duplicated"], result["unexpected"], result["duplicate_event_ids"]) == (0, 0, 0, 0), result
 
 
-def test_broker_down_503_then_job_resumes(ha_stack):
+def test_broker_killed_503_then_nothing_lost(ha_stack):
     stack = ha_stack
-    print(BROKER_NOT_DURABLE)
     farm_id, key = stack.new_farm("chaos broker")
     herd = Herd.create(stack.api_url, farm_id, key, "cb", devices=10, steps=30, seed=9)
     df = herd.reports
     first, second = df.iloc[: len(df) // 2], df.iloc[len(df) // 2:]
     http_writer.write_reports(stack.api_url, first, key=key, batch_size=100, progress=False)
-    wait_until(lambda: herd.caught_up(first), 120, what="the job to process the first half")
     home = stack.env["HERDFENCE_HOME"]
+    supervisor = read_pid(home, "supervisor")
+    os.kill(supervisor, signal.SIGSTOP)          # nobody restarts the broker while we look
     broker = read_pid(home, "broker")
-    kill9(broker)
+    kill9(broker)                                # the first half is acknowledged, maybe not processed
     client = herd.client()
     body = {"reports": [{"device_id": "cb-down", "ts": int(time.time() * 1000), "lat": 47.0, "lon": 8.5}]}
     t0 = time.monotonic()
@@ -211,7 +200,9 @@ def test_broker_down_503_then_job_resumes(ha_stack):
     assert time.monotonic() - t0 < 15, "a dead broker must not hang a request"
     assert client.get("/healthz").json() == {"status": "ok"}      # reads keep working
     assert client.get("/v1/fences").status_code == 200
-    stack.cli("up", "--detach", timeout=400)                      # a fresh broker; the job restarts on it
+    os.kill(supervisor, signal.SIGCONT)          # it restarts the broker on its own log
+    wait_until(lambda: (lambda p: p and p != broker and alive(p))(read_pid(home, "broker")), 60,
+               what="the supervisor to restart the broker")
     stats = http_writer.write_reports(stack.api_url, second, key=key, batch_size=100, progress=False)
     assert stats.failed == 0, stats.as_dict()
     result = herd.reconcile(timeout=240)

@@ -1,0 +1,158 @@
+"""Live fence events for every open stream of an API worker, read once per farm.
+
+A farmer's open map holds one `GET /v1/events/stream`. Each worker keeps ONE feed per farm that has
+open streams: a cursor in the farm's event stream (Redis), read with a non-blocking XREAD on the
+asyncio cluster client when a change notice names the farm (api/invalidation.py: the job's tasks
+announce the farms they wrote after every micro-batch) and at least every `poll_s` anyway. What is
+read is put on each stream's own bounded queue. No thread and no blocking Redis call per stream:
+2,000 open maps cost 2,000 small queues and, per micro-batch, one read per farm.
+
+A stream whose queue is full (a client that does not read) is dropped, not buffered without bound;
+its browser reconnects with Last-Event-ID and catches up from the farm's stream. Streams per farm
+and per worker are capped (429 beyond).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from fencing.model import keys
+
+log = logging.getLogger("herdfence.events")
+READ_COUNT = 500
+
+
+class TooManyStreams(Exception):
+    pass
+
+
+@dataclass(eq=False)
+class Subscriber:
+    farm_id: str
+    queue: asyncio.Queue
+    dropped: bool = False
+
+
+@dataclass(eq=False)
+class _Feed:
+    cursor: str
+    subscribers: set[Subscriber] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class EventHub:
+    def __init__(self, aredis, per_farm: int = 100, per_worker: int = 5000, queue_max: int = 1000,
+                 poll_s: float = 1.0) -> None:
+        self.aredis = aredis
+        self.per_farm, self.per_worker, self.queue_max, self.poll_s = per_farm, per_worker, queue_max, poll_s
+        self.feeds: dict[str, _Feed] = {}
+        self._due: set[str] = set()
+        self._wake = asyncio.Event()
+
+    @property
+    def streams(self) -> int:
+        return sum(len(f.subscribers) for f in self.feeds.values())
+
+    # --- streams ---------------------------------------------------------------------------------
+    async def subscribe(self, farm_id: str, last_id: str | None) -> Subscriber:
+        feed = self.feeds.get(farm_id)
+        if self.streams >= self.per_worker:
+            raise TooManyStreams(f"this server holds {self.per_worker} live streams already")
+        if feed is not None and len(feed.subscribers) >= self.per_farm:
+            raise TooManyStreams(f"this farm has {self.per_farm} live streams open already")
+        if feed is None:
+            newest = await self.aredis.xrevrange(keys.event_stream(farm_id), "+", "-", 1)
+            feed = self.feeds.setdefault(farm_id, _Feed(newest[0][0] if newest else "0-0"))
+        sub = Subscriber(farm_id, asyncio.Queue(self.queue_max))
+        async with feed.lock:        # the hub does not move the cursor while we catch up
+            if last_id and _before(last_id, feed.cursor):
+                missed = await self.aredis.xrange(keys.event_stream(farm_id), f"({last_id}", feed.cursor,
+                                                  self.queue_max)
+                for entry_id, fields in missed:
+                    sub.queue.put_nowait((entry_id, fields["event"]))
+            feed.subscribers.add(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        feed = self.feeds.get(sub.farm_id)
+        if feed is None:
+            return
+        feed.subscribers.discard(sub)
+        if not feed.subscribers and not feed.lock.locked():
+            del self.feeds[sub.farm_id]
+
+    # --- the reader ------------------------------------------------------------------------------
+    def changed(self, farms: list[str] | None) -> None:
+        """Change notice handler: read these farms (None: every farm) now."""
+        self._due.update(self.feeds if farms is None else (f for f in farms if f in self.feeds))
+        self._wake.set()
+
+    async def run(self) -> None:
+        """For the worker's lifetime."""
+        while True:
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
+                due, self._due = self._due, set()
+            except asyncio.TimeoutError:
+                due = set(self.feeds)              # the periodic read, in case a notice was missed
+            self._wake.clear()
+            if due:
+                await asyncio.gather(*(self._read(f) for f in due if f in self.feeds))
+
+    async def _read(self, farm_id: str) -> None:
+        feed = self.feeds.get(farm_id)
+        if feed is None:
+            return
+        async with feed.lock:
+            try:
+                batch = await self.aredis.xread({keys.event_stream(farm_id): feed.cursor}, count=READ_COUNT)
+            except Exception as err:  # noqa: BLE001 - a failover: the next pass reads again
+                log.warning("live events of %s: %s", farm_id, err)
+                return
+            entries = batch[0][1] if batch else []
+            for entry_id, fields in entries:
+                feed.cursor = entry_id
+                for sub in list(feed.subscribers):
+                    try:
+                        sub.queue.put_nowait((entry_id, fields["event"]))
+                    except asyncio.QueueFull:
+                        sub.dropped = True                 # a client that does not read: let it go
+                        feed.subscribers.discard(sub)
+                        sub.queue = asyncio.Queue(1)
+                        sub.queue.put_nowait(None)
+        if len(entries) == READ_COUNT:
+            self._due.add(farm_id)                          # more are waiting
+            self._wake.set()
+        if not feed.subscribers:
+            self.feeds.pop(farm_id, None)
+
+
+def _before(a: str, b: str) -> bool:
+    """Stream ids `ms-seq`: is a older than b?"""
+    try:
+        ams, _, aseq = a.partition("-")
+        bms, _, bseq = b.partition("-")
+        return (int(ams), int(aseq or 0)) < (int(bms), int(bseq or 0))
+    except ValueError:
+        return False
+
+
+async def frames(hub: EventHub, sub: Subscriber, is_disconnected, keepalive_s: float = 15.0):
+    """SSE frames for one stream."""
+    yield b": connected\n\n"
+    try:
+        while not sub.dropped or not sub.queue.empty():
+            try:
+                item = await asyncio.wait_for(sub.queue.get(), timeout=keepalive_s)
+            except asyncio.TimeoutError:
+                if await is_disconnected():
+                    return
+                yield b": keep-alive\n\n"
+                continue
+            if item is None:
+                return
+            entry_id, event = item
+            yield f"id: {entry_id}\nevent: fence\ndata: {event}\n\n".encode()
+    finally:
+        hub.unsubscribe(sub)

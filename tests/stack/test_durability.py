@@ -1,0 +1,233 @@
+"""Durability of the embedded default, black-box through the CLI and the HTTP API (issue 17): a farm
+survives `down`/`up`, a kill -9 of every process of the stack, a killed Redis master, broker or API;
+every acknowledged report is processed exactly once; `backup` + `restore` give the same farm;
+`reset --yes` is the only delete.
+
+One private stack for the module (it kills things), on ports of its own."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from loadgen import http_writer
+from tests.chaoskit import Herd, alive, kill9, read_pid, wait_until
+from tests.conftest import HERDFENCE, OFFSET, ROOT, Stack
+from tests.farmkit import Farm, square
+
+pytestmark = pytest.mark.stack
+
+PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(25092 + OFFSET), "HERDFENCE_EMBEDDED_REDIS_PORT": str(15101 + OFFSET),
+         "HERDFENCE_API_PORT": str(25800 + OFFSET)}
+
+
+def _env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
+    env.update(PORTS, HERDFENCE_HOME=str(home), HERDFENCE_TRIGGER="200 milliseconds", HERDFENCE_ELASTIC="0",
+               HERDFENCE_KEEP_WARM_SECONDS="0")
+    return env
+
+
+@pytest.fixture(scope="module")
+def dstack(tmp_path_factory):
+    home = tmp_path_factory.mktemp("herdfence-durable")
+    s = Stack(env=_env(home), api_url=f"http://127.0.0.1:{PORTS['HERDFENCE_API_PORT']}")
+    try:
+        s.cli("up", "--detach", timeout=600)
+        yield s
+    finally:
+        for h in {home, *(Path(p) for p in s.env.get("_OTHER_HOMES", "").split(",") if p)}:
+            subprocess.run([HERDFENCE, "down"], env=_env(h), cwd=ROOT, capture_output=True, timeout=180)
+        for log in sorted((home / "run").glob("*.log")):
+            target = ROOT / "test-artifacts" / "logs" / f"durable-{log.name}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(log.read_bytes()[-1_000_000:])
+
+
+def _snapshot(farm: Farm, device_id: str) -> dict:
+    """What a farmer sees of the farm (fences, one device, its events), as JSON."""
+    fences = farm.api.get("/v1/fences")
+    device = farm.api.get(f"/v1/devices/{device_id}")
+    events = farm.api.get("/v1/events", params={"device_id": device_id})
+    assert (fences.status_code, device.status_code, events.status_code) == (200, 200, 200), \
+        (fences.text, device.text, events.text)
+    return {"fences": sorted(f["id"] for f in fences.json()["features"]), "device": device.json(),
+            "events": [(e["event_id"], e["type"]) for e in events.json()["events"]]}
+
+
+def _group_pids(home: str) -> dict[str, int]:
+    run = Path(home) / "run"
+    return {p.stem: int(p.read_text()) for p in run.glob("*.pid")}
+
+
+def _alive_in_group(pgid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_bytes().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _farm_with_events(stack: Stack, name: str, device_id: str) -> tuple[Farm, str]:
+    farm = Farm(stack, name)
+    fence_id = farm.fence(square(8.50, 47.00))
+    farm.device(device_id)
+    t = farm.base_ts
+    body = {"reports": [{"device_id": device_id, "ts": t + i * 10_000, "lon": 8.505, "lat": lat}
+                        for i, lat in enumerate((47.05, 47.005, 47.005, 47.05, 47.05))]}
+    assert farm.api.post("/v1/reports", json=body).status_code == 202
+    farm.wait_seen(device_id, t + 40_000)
+    wait_until(lambda: len(farm.events(device_id=device_id)) == 2, 30, what="enter + exit")
+    return farm, fence_id
+
+
+def test_down_then_up_keeps_the_farm(dstack):
+    farm, fence_id = _farm_with_events(dstack, "down-up", "du-cow")
+    before = _snapshot(farm, "du-cow")
+    assert before["fences"] == [fence_id] and [t for _, t in before["events"]] == ["enter", "exit"]
+    dstack.cli("down")
+    dstack.cli("up", "--detach", timeout=600)
+    assert _snapshot(farm, "du-cow") == before
+    # the device's token and the farm key still work, and the job goes on from where it was
+    t = farm.base_ts + 60_000
+    assert farm.api.post("/v1/reports", json={"reports": [
+        {"device_id": "du-cow", "ts": t, "lon": 8.505, "lat": 47.005},
+        {"device_id": "du-cow", "ts": t + 10_000, "lon": 8.505, "lat": 47.005}]}).status_code == 202
+    farm.wait_seen("du-cow", t + 10_000)
+    wait_until(lambda: [e["type"] for e in farm.events(device_id="du-cow")] == ["enter", "exit", "enter"], 30,
+               what="the third event after down/up")
+
+
+def test_kill9_of_every_process_while_reports_are_accepted(dstack):
+    farm_id, key = dstack.new_farm("kill all")
+    herd = Herd.create(dstack.api_url, farm_id, key, "ka", devices=20, steps=40, seed=5)
+    home = dstack.env["HERDFENCE_HOME"]
+    stats_box = {}
+    writer = threading.Thread(target=lambda: stats_box.update(s=http_writer.write_reports(
+        dstack.api_url, herd.reports, key=key, rate=150, batch_size=20, retries=30, progress=False)))
+    writer.start()
+    time.sleep(2.0)
+    groups = _group_pids(home)
+    assert {"broker", "broker_store", "job", "api", "supervisor"} <= set(groups), groups
+    for pgid in groups.values():                      # every process, children included
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_until(lambda: not any(_alive_in_group(g) for g in groups.values()), 20, what="everything to die")
+    dstack.cli("up", "--detach", timeout=600)
+    writer.join(timeout=600)
+    stats = stats_box["s"]
+    assert stats.failed == 0 and stats.sent == len(herd.reports), stats.as_dict()
+    result = herd.reconcile(timeout=240)
+    print(f"kill -9 of everything: {result}")
+    assert result["events"] >= 10
+    assert (result["lost"], result["duplicated"], result["unexpected"], result["duplicate_event_ids"]) == (0, 0, 0, 0), result
+
+
+def test_supervisor_restarts_a_killed_redis_master_and_broker(dstack):
+    farm, fence_id = _farm_with_events(dstack, "one shard", "os-cow")
+    before = _snapshot(farm, "os-cow")
+    home = dstack.env["HERDFENCE_HOME"]
+    port = int(dstack.redis.get_node_from_key(f"fences:{{{farm.farm_id}}}").port)
+    old = read_pid(home, f"redis_{port}")
+    kill9(old)
+    new = wait_until(lambda: (lambda p: p if p and p != old and alive(p) else None)(read_pid(home, f"redis_{port}")),
+                     60, what="the supervisor to restart the Redis master")
+    wait_until(lambda: farm.api.get("/v1/fences", headers={"Cache-Control": "no-cache"}).status_code == 200, 60,
+               what="the farm to answer again")
+    assert _snapshot(farm, "os-cow") == before, "the restarted master lost data"
+    assert new != old
+    # the broker and its store, killed while reports of a herd are acknowledged and not yet processed
+    farm_id, key = dstack.new_farm("broker kill")
+    herd = Herd.create(dstack.api_url, farm_id, key, "bk", devices=10, steps=30, seed=9)
+    half = len(herd.reports) // 2
+    stats = http_writer.write_reports(dstack.api_url, herd.reports.iloc[:half], key=key, batch_size=50,
+                                      progress=False)
+    assert stats.failed == 0, stats.as_dict()
+    brokers = (read_pid(home, "broker"), read_pid(home, "broker_store"))
+    for pid in brokers:
+        kill9(pid)
+    wait_until(lambda: all(alive(read_pid(home, n)) and read_pid(home, n) not in brokers
+                           for n in ("broker", "broker_store")), 60, what="the supervisor to restart the broker")
+    stats = http_writer.write_reports(dstack.api_url, herd.reports.iloc[half:], key=key, batch_size=50,
+                                      retries=20, progress=False)
+    assert stats.failed == 0, stats.as_dict()
+    result = herd.reconcile(timeout=240)
+    print(f"broker kill -9: {result}")
+    assert result["events"] >= 5
+    assert (result["lost"], result["duplicated"], result["unexpected"], result["duplicate_event_ids"]) == (0, 0, 0, 0), result
+
+
+def test_a_killed_api_master_takes_its_workers(dstack):
+    home = dstack.env["HERDFENCE_HOME"]
+    pgid = read_pid(home, "api")
+    workers = [p for p in _alive_in_group(pgid) if p != pgid]
+    assert workers, "the API runs uvicorn workers"
+    supervisor = read_pid(home, "supervisor")
+    os.kill(supervisor, signal.SIGSTOP)            # nobody cleans up for the workers
+    try:
+        kill9(pgid)
+        wait_until(lambda: not any(alive(p) for p in workers), 30, what="the orphaned workers to exit")
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    dstack.cli("up", "--detach", timeout=300)
+    assert dstack.client(None).get("/healthz").json() == {"status": "ok"}
+
+
+def test_503_with_retry_after_while_redis_is_down(dstack):
+    farm, _ = _farm_with_events(dstack, "store down", "sd-cow")
+    home = dstack.env["HERDFENCE_HOME"]
+    supervisor = read_pid(home, "supervisor")
+    nodes = [n for n in _group_pids(home) if n.startswith("redis_")]
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        for n in nodes:
+            kill9(read_pid(home, n))
+        fresh = {"Cache-Control": "no-cache"}
+        for resp in (farm.api.get("/v1/fences", headers=fresh), farm.api.get("/v1/devices/sd-cow", headers=fresh),
+                     farm.api.get("/v1/events", headers=fresh),
+                     farm.api.post("/v1/fences", json={"type": "Feature", "properties": {"name": "x"},
+                                                       "geometry": square(8.6, 47.1)})):
+            assert resp.status_code == 503, (resp.status_code, resp.text)
+            assert int(resp.headers["retry-after"]) > 0 and "unavailable" in resp.json()["detail"]
+    finally:
+        os.kill(supervisor, signal.SIGCONT)
+    wait_until(lambda: farm.api.get("/v1/fences", headers={"Cache-Control": "no-cache"}).status_code == 200, 90,
+               what="the supervisor to bring Redis back")
+    assert [e["type"] for e in farm.events(device_id="sd-cow")] == ["enter", "exit"]
+
+
+def test_backup_restore_and_reset(dstack, tmp_path):
+    farm, fence_id = _farm_with_events(dstack, "backed up", "bu-cow")
+    before = _snapshot(farm, "bu-cow")
+    backup_dir = tmp_path / "backup"
+    dstack.cli("backup", str(backup_dir), timeout=300)          # while it runs
+    assert (backup_dir / "herdfence-backup.json").exists()
+    dstack.cli("down")
+    fresh = tmp_path / "fresh-home"
+    other = Stack(env=_env(fresh), api_url=dstack.api_url)
+    dstack.env["_OTHER_HOMES"] = str(fresh)
+    other.cli("restore", str(backup_dir))
+    other.cli("up", "--detach", timeout=600)
+    restored = Farm.attach(other, farm.farm_id, farm.key)
+    assert _snapshot(restored, "bu-cow") == before
+    # reset: refuses without --yes, then deletes everything of that home
+    out = subprocess.run([HERDFENCE, "reset"], env=other.env, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode != 0 and "--yes" in out.stderr and str(fresh / "redis") in out.stderr, out.stderr
+    other.cli("reset", "--yes")
+    assert not any((fresh / d).exists() for d in ("redis", "broker", "checkpoint", "history"))
+    other.cli("up", "--detach", timeout=600)
+    assert restored.api.get("/v1/fences").status_code == 401     # the farm is gone, as asked
+    other.cli("down")
+    dstack.cli("up", "--detach", timeout=600)                    # the original home is untouched
+    assert _snapshot(farm, "bu-cow") == before
