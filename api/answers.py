@@ -12,23 +12,31 @@ from __future__ import annotations
 from collections import defaultdict
 
 import orjson
+import shapely
 
 from api import invalidation, live
 from fencing.model import notify
 from fencing.model.geometry import parse_fence_geometry
 from fencing.model.timeutil import iso
 
-MAX_ENTRIES = 50_000          # per worker; past it the cache starts over (answers are a few KB at most)
+MAX_ENTRIES = 50_000          # per worker; past it the cache starts over
+MAX_BYTES = 64 * 1024 * 1024  # per worker, keys and answers; likewise
 
 _answers: dict[str, dict[tuple[str, bytes | str], bytes]] = {}
 _generation: defaultdict[str, int] = defaultdict(int)
-_stats = {"hits": 0, "misses": 0, "entries": 0}     # entries: kept as a count, not summed per store
+_stats = {"hits": 0, "misses": 0, "entries": 0, "bytes": 0}     # kept as counts, not summed per store
 
 
 def _drop(farms: list[str] | None) -> None:
     for farm_id in list(_answers) if farms is None else farms:
-        _stats["entries"] -= len(_answers.pop(farm_id, {}))
+        dropped = _answers.pop(farm_id, {})
+        _stats["entries"] -= len(dropped)
+        _stats["bytes"] -= sum(_size(k, v) for k, v in dropped.items())
         _generation[farm_id] += 1
+
+
+def _size(key: tuple, body: bytes) -> int:
+    return len(body) + sum(len(part) for part in key) + 64
 
 
 invalidation.on(notify.LIVE, _drop)
@@ -51,11 +59,14 @@ def _get(farm_id: str, key, fresh: bool) -> bytes | None:
 def _put(farm_id: str, key, body: bytes, generation: int) -> None:
     if not invalidation.listening() or _generation[farm_id] != generation:
         return   # a notice came while we read: this answer may already be stale
-    if _stats["entries"] >= MAX_ENTRIES:
+    if _stats["entries"] >= MAX_ENTRIES or _stats["bytes"] + _size(key, body) > MAX_BYTES:
         _answers.clear()
-        _stats["entries"] = 0
+        _stats["entries"] = _stats["bytes"] = 0
     farm = _answers.setdefault(farm_id, {})
+    if key in farm:
+        _stats["bytes"] -= _size(key, farm[key])
     _stats["entries"] += key not in farm
+    _stats["bytes"] += _size(key, body)
     farm[key] = body
 
 
@@ -76,11 +87,13 @@ async def fence_devices(aredis, farm_id: str, fence_id: str, fresh: bool = False
 
 async def devices_within(aredis, farm_id: str, geometry, fresh: bool = False) -> bytes:
     """POST /v1/query/within as JSON bytes; FenceError when the geometry is not a valid area."""
-    key = ("within", orjson.dumps(geometry, option=orjson.OPT_SORT_KEYS))
+    area = parse_fence_geometry(geometry)
+    # keyed on the parsed geometry: unknown members, spacing or key order cost no cache space
+    key = ("within", shapely.to_wkb(area))
     body = _get(farm_id, key, fresh)
     if body is None:
         generation = _generation[farm_id]
-        found = await live.devices_within(aredis, farm_id, parse_fence_geometry(geometry))
+        found = await live.devices_within(aredis, farm_id, area)
         body = orjson.dumps({"fence_id": None, "devices": [
             {"device_id": d, "lat": p["lat"], "lon": p["lon"], "ts": iso(p["ts"]), "inside_since": None}
             for d, p in sorted(found.items())]})

@@ -47,7 +47,8 @@ async def lifespan(app: FastAPI):
         return ReportProducer(settings.kafka_bootstrap)
 
     app.state.producer = producer
-    delivery = asyncio.create_task(webhooks.Deliverer(app.state.redis).run())
+    delivery = asyncio.create_task(webhooks.Deliverer(app.state.redis,
+                                                      allow_private=settings.webhook_allow_private).run())
     hub = app.state.event_hub = EventHub(app.state.aredis, per_farm=settings.streams_per_farm)
     invalidation.on(notify.LIVE, hub.changed)
     hub_task = asyncio.create_task(hub.run())

@@ -77,12 +77,44 @@ def _lookup(redis, digest: str) -> Principal | None:
 
 
 def bearer_secret(request: Request) -> str | None:
+    """The secret from `Authorization: Bearer …` only: a key in a URL ends up in access logs,
+    proxies and browser history."""
     header = request.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     if scheme.lower() == "bearer" and value.strip():
         return value.strip()
-    # EventSource cannot send headers: the SSE route also takes ?key=
-    return request.query_params.get("key") or None
+    return None
+
+
+# --- stream tokens: what a browser's EventSource (which cannot send headers) puts in the URL --------
+STREAM_TOKEN_TTL_S = 300
+STREAM_TOKEN_PREFIX = "hfs_"
+
+
+def _stream_token_key(digest: str) -> str:
+    return f"streamtoken:{digest}"
+
+
+def issue_stream_token(redis, farm_id: str) -> str:
+    """A short-lived secret that opens the farm's live event stream and nothing else."""
+    token = STREAM_TOKEN_PREFIX + secrets.token_urlsafe(24)
+    redis.set(_stream_token_key(hash_secret(token)), farm_id, ex=STREAM_TOKEN_TTL_S)
+    return token
+
+
+async def stream_principal(request: Request) -> Principal:
+    """`GET /v1/events/stream`: the farm key in the Authorization header, or `?token=` from
+    `POST /v1/events/stream-token`."""
+    token = request.query_params.get("token")
+    if token is None or request.headers.get("authorization"):
+        return await farm_principal(await principal(request))
+    farm_id = None
+    if token.startswith(STREAM_TOKEN_PREFIX) and len(token) < 100:
+        farm_id = await run_in_threadpool(request.app.state.redis.get, _stream_token_key(hash_secret(token)))
+    if farm_id is None:
+        raise HTTPException(401, "missing, invalid or expired stream token; get a new one with "
+                                 "POST /v1/events/stream-token", headers={"WWW-Authenticate": "Bearer"})
+    return Principal(farm_id)
 
 
 async def principal(request: Request) -> Principal:

@@ -6,7 +6,7 @@ import re
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from api import answers, event_hub, events, history, live, tenancy
+from api import answers, auth, event_hub, events, history, live, tenancy
 from api.event_hub import TooManyStreams
 from api.auth import Principal, farm_principal, principal
 from api.errors import not_found, unprocessable
@@ -100,8 +100,17 @@ def get_events(request: Request, fence_id: str | None = None, device_id: str | N
     return {"events": found}
 
 
-@router.get("/events/stream", summary="Live fence events as Server-Sent Events (auth: Bearer or ?key=)")
-async def stream_events(request: Request, who: Principal = Depends(farm_principal)) -> StreamingResponse:
+@router.post("/events/stream-token", summary="A short-lived token for the live event stream (for EventSource, "
+             "which cannot send an Authorization header)")
+def stream_token(request: Request, who: Principal = Depends(farm_principal)) -> dict:
+    token = auth.issue_stream_token(request.app.state.redis, who.farm_id)
+    return {"token": token, "expires_in": auth.STREAM_TOKEN_TTL_S,
+            "url": f"/v1/events/stream?token={token}"}
+
+
+@router.get("/events/stream", summary="Live fence events as Server-Sent Events (auth: Bearer, or ?token= "
+            "from POST /v1/events/stream-token)")
+async def stream_events(request: Request, who: Principal = Depends(auth.stream_principal)) -> StreamingResponse:
     last_id = request.headers.get("last-event-id")
     if last_id is not None and not STREAM_ID.fullmatch(last_id):
         raise unprocessable("Last-Event-ID: expected an event stream id such as 1732500000000-0")
@@ -121,11 +130,13 @@ def positions_history(request: Request, device_id: str | None = None, herd: str 
                       to: str | None = Query(None, description="ISO 8601 or epoch ms"),
                       limit: int = Query(10_000, ge=1, le=history.MAX_ROWS),
                       who: Principal = Depends(farm_principal)) -> dict:
-    try:
-        start = to_ms(from_) if from_ is not None else None
-        end = to_ms(to) if to is not None else None
-    except ValueError as err:
-        raise unprocessable(str(err)) from None
+    times = {}
+    for name, value in (("from", from_), ("to", to)):
+        try:
+            times[name] = to_ms(value) if value is not None else None
+        except ValueError as err:
+            raise unprocessable(f"{name}: {err}") from None
+    start, end = times["from"], times["to"]
     table = history.farm_history(request.app.state.redis, str(request.app.state.settings.history_dir),
                                  who.farm_id, device_id=device_id, herd=herd, from_ms=start, to_ms_=end, limit=limit)
     return history.as_feature_collection(table)

@@ -9,8 +9,8 @@ import orjson
 from api.auth import hash_secret, new_secret
 from fencing.model import keys, notify
 
-DEVICE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
-HERD = re.compile(r"^[\w .:-]{0,64}$")
+DEVICE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")     # \Z: "$" would let a trailing newline in
+HERD = re.compile(r"[\w .:-]{0,64}\Z")
 
 
 def create_farm(redis, name: str) -> tuple[str, str]:

@@ -1,7 +1,15 @@
-"""Webhooks: a farm registers HTTP(S) URLs; every fence event is POSTed to them, signed with
-HMAC-SHA256 (`X-Herdfence-Signature: sha256=<hex>` over the raw body), retried with exponential
-backoff. Delivery runs in the API process on the farm's event stream through a Redis consumer group,
-so it never blocks the job and several API workers never deliver the same event twice."""
+"""Webhooks: a farm registers HTTP(S) URLs (public addresses only, api/webhook_targets.py); every
+fence event is POSTed to them, signed with HMAC-SHA256 and retried with exponential backoff.
+
+Signatures: `X-Herdfence-Timestamp: <unix seconds>` and `X-Herdfence-Signature-256: sha256=<hex>`
+over `<timestamp>.<raw body>` — a receiver that checks the timestamp is recent cannot be fooled by a
+captured request replayed later. (`X-Herdfence-Signature: sha256=<hex>` over the body alone is still
+sent for receivers written before.)
+
+Delivery runs in the API workers on each farm's event stream through a Redis consumer group, so it
+never blocks the job and several workers never deliver the same event twice; each farm has its own
+task, so one slow or dead receiver never delays another farm; entries a crashed worker had read
+but not acknowledged are claimed again after a minute. A farm has at most MAX_HOOKS webhooks."""
 from __future__ import annotations
 
 import asyncio
@@ -10,13 +18,14 @@ import hmac
 import logging
 import os
 import secrets
-from urllib.parse import urlparse
+import time
 
 import httpx
 import orjson
 from fastapi import APIRouter, Body, Depends, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from api import webhook_targets
 from api.auth import Principal, farm_principal
 from api.errors import not_found, unprocessable
 from fencing.model import keys
@@ -26,6 +35,9 @@ router = APIRouter(prefix="/v1", tags=["webhooks"])
 FARMS_WITH_HOOKS = "webhooks:farms"
 GROUP = "webhooks"
 RETRY_DELAYS_S = (0.5, 1, 2, 4, 8, 16)
+MAX_HOOKS = 10
+CLAIM_IDLE_MS = 60_000          # a pending entry this old belonged to a worker that died
+FAILED_KEEP = 1000              # failed deliveries kept per farm (newest)
 
 
 def hooks_key(farm_id: str) -> str:
@@ -40,14 +52,24 @@ def sign(secret: str, body: bytes) -> str:
     return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
 
 
+def signed_headers(secret: str, body: bytes, now: float | None = None) -> dict[str, str]:
+    stamp = str(int(time.time() if now is None else now))
+    return {"content-type": "application/json", "x-herdfence-timestamp": stamp,
+            "x-herdfence-signature-256": sign(secret, stamp.encode() + b"." + body),
+            "x-herdfence-signature": sign(secret, body)}
+
+
 @router.post("/webhooks", status_code=201, summary="Register a URL for the farm's fence events (HMAC-signed POSTs)")
 def create_webhook(request: Request, body: dict = Body(..., examples=[{"url": "https://example.org/hook"}]),
                    who: Principal = Depends(farm_principal)) -> dict:
     url = body.get("url") if isinstance(body, dict) else None
-    parsed = urlparse(url) if isinstance(url, str) else None
-    if not parsed or parsed.scheme not in ("http", "https") or not parsed.netloc or len(url) > 2000:
-        raise unprocessable("url must be an absolute http:// or https:// URL")
+    try:
+        url = webhook_targets.check(url, request.app.state.settings.webhook_allow_private)
+    except webhook_targets.TargetRefused as err:
+        raise unprocessable(str(err)) from None
     redis = request.app.state.redis
+    if redis.hlen(hooks_key(who.farm_id)) >= MAX_HOOKS:
+        raise unprocessable(f"a farm has at most {MAX_HOOKS} webhooks; delete one first")
     hook = {"id": "wh-" + secrets.token_hex(6), "url": url, "secret": secrets.token_urlsafe(24)}
     redis.hset(hooks_key(who.farm_id), hook["id"], orjson.dumps(hook))
     try:   # deliver from now on: the consumer group starts at the stream's end
@@ -75,47 +97,82 @@ def delete_webhook(hook_id: str, request: Request, who: Principal = Depends(farm
 class Deliverer:
     """Background task of an API worker: reads each hooked farm's stream as one consumer of the group."""
 
-    def __init__(self, redis, consumer: str | None = None):
+    def __init__(self, redis, consumer: str | None = None, allow_private: bool = False):
         self.redis = redis
         self.consumer = consumer or f"api-{os.getpid()}"
-        self.client = httpx.AsyncClient(timeout=5)
+        self.allow_private = allow_private
+        # never follows redirects: a 3xx is a failed delivery, not a way around the target check
+        self.client = httpx.AsyncClient(timeout=5, follow_redirects=False)
+        self.farms: dict[str, asyncio.Task] = {}
 
     async def run(self) -> None:
+        """One delivery task per hooked farm (started here, ended when the farm has no hooks)."""
         while True:
             try:
                 farms = await run_in_threadpool(self.redis.smembers, FARMS_WITH_HOOKS)
-                busy = False
-                for farm_id in sorted(farms):
-                    busy |= await self._deliver_farm(farm_id)
-                if not busy:
-                    await asyncio.sleep(0.5)
+                for farm_id in farms:
+                    task = self.farms.get(farm_id)
+                    if task is None or task.done():
+                        self.farms[farm_id] = asyncio.create_task(self._farm_loop(farm_id))
+                await asyncio.sleep(2)
             except asyncio.CancelledError:
+                for task in self.farms.values():
+                    task.cancel()
                 raise
             except Exception:
                 log.exception("webhook delivery loop error; continuing")
                 await asyncio.sleep(2)
 
-    async def _deliver_farm(self, farm_id: str) -> bool:
+    async def _farm_loop(self, farm_id: str) -> None:
+        while True:
+            try:
+                hooks = [orjson.loads(h) for h in
+                         (await run_in_threadpool(self.redis.hgetall, hooks_key(farm_id))).values()]
+                if not hooks:
+                    await run_in_threadpool(self.redis.srem, FARMS_WITH_HOOKS, farm_id)
+                    return
+                if not await self._deliver_farm(farm_id, hooks):
+                    await asyncio.sleep(0.5)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - Redis trouble: this farm waits, the others go on
+                log.warning("webhook delivery for %s: %s; retrying", farm_id, err)
+                await asyncio.sleep(2)
+
+    async def _deliver_farm(self, farm_id: str, hooks: list[dict]) -> bool:
         stream = keys.event_stream(farm_id)
-        entries = await run_in_threadpool(self.redis.xreadgroup, GROUP, self.consumer, {stream: ">"}, 100)
-        if not entries:
+        # first what a dead worker had read and never acknowledged, then what is new
+        claimed = await run_in_threadpool(self.redis.xautoclaim, stream, GROUP, self.consumer, CLAIM_IDLE_MS,
+                                          "0-0", 100)
+        todo = claimed[1] if claimed and claimed[1] else None
+        if not todo:
+            entries = await run_in_threadpool(self.redis.xreadgroup, GROUP, self.consumer, {stream: ">"}, 100)
+            todo = entries[0][1] if entries else None
+        if not todo:
             return False
-        hooks = [orjson.loads(h) for h in (await run_in_threadpool(self.redis.hgetall, hooks_key(farm_id))).values()]
-        for entry_id, fields in entries[0][1]:
-            body = fields["event"].encode()
-            await asyncio.gather(*(self._post(farm_id, hook, body) for hook in hooks))
+        for entry_id, fields in todo:
+            if fields:                       # a trimmed entry comes back empty: nothing to send
+                body = fields["event"].encode()
+                await asyncio.gather(*(self._post(farm_id, hook, body) for hook in hooks))
             await run_in_threadpool(self.redis.xack, stream, GROUP, entry_id)
         return True
 
     async def _post(self, farm_id: str, hook: dict, body: bytes) -> None:
-        headers = {"content-type": "application/json", "x-herdfence-signature": sign(hook["secret"], body)}
+        problem = ""
         for delay in RETRY_DELAYS_S:
             try:
-                resp = await self.client.post(hook["url"], content=body, headers=headers)
+                await run_in_threadpool(webhook_targets.check, hook["url"], self.allow_private)
+                resp = await self.client.post(hook["url"], content=body, headers=signed_headers(hook["secret"], body))
                 if resp.status_code < 300:
                     return
-            except httpx.HTTPError:
-                pass
+                problem = f"HTTP {resp.status_code}"
+            except webhook_targets.TargetRefused as err:
+                problem = str(err)
+                break                        # re-pointed at a private address: do not try again
+            except httpx.HTTPError as err:
+                problem = type(err).__name__
             await asyncio.sleep(delay)
-        await run_in_threadpool(self.redis.lpush, failed_key(farm_id), orjson.dumps(
-            {"webhook": hook["id"], "event": orjson.loads(body)}))
+        failed = failed_key(farm_id)
+        await run_in_threadpool(self.redis.lpush, failed, orjson.dumps(
+            {"webhook": hook["id"], "reason": problem, "event": orjson.loads(body)}))
+        await run_in_threadpool(self.redis.ltrim, failed, 0, FAILED_KEEP - 1)

@@ -145,6 +145,8 @@ def up(settings: Settings) -> bool:
     started = False
     rec = None
     if settings.kafka is None:
+        if procs.alive_record(settings, NAME) is None:     # say so before the store starts
+            procs.ensure_port_free(settings.embedded_kafka_port, "HERDFENCE_EMBEDDED_KAFKA_PORT")
         if settings.broker_durable and procs.alive_record(settings, STORE) is None:
             store = procs.start(settings, store_spec(settings))
             procs.wait_for_port(store_port(settings), 15, store, settings)

@@ -35,6 +35,7 @@ class Settings:
     redis_maxmemory: str = "4gb"    # HERDFENCE_REDIS_MAXMEMORY: per embedded node (noeviction beyond)
     broker_durable: bool = True     # HERDFENCE_BROKER_STORAGE: disk (default) | memory
     streams_per_farm: int = 100     # HERDFENCE_STREAMS_PER_FARM: live event streams per farm and API worker
+    webhook_allow_private: bool = False   # HERDFENCE_WEBHOOK_ALLOW_PRIVATE=1: on-premise receivers
 
     @property
     def embedded_redis_ports(self) -> list[int]:
@@ -102,6 +103,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         embedded_kafka_port=int(env.get("HERDFENCE_EMBEDDED_KAFKA_PORT") or DEFAULT_KAFKA_PORT),
         embedded_redis_port=int(env.get("HERDFENCE_EMBEDDED_REDIS_PORT") or DEFAULT_REDIS_PORT),
         embedded_redis_masters=max(1, int(env.get("HERDFENCE_EMBEDDED_REDIS_MASTERS") or REDIS_MASTERS)),
+        webhook_allow_private=(env.get("HERDFENCE_WEBHOOK_ALLOW_PRIVATE") or "0").strip().lower()
+        in ("1", "true", "yes", "on"),
         streams_per_farm=max(1, int(env.get("HERDFENCE_STREAMS_PER_FARM") or 100)),
         broker_durable=_broker_storage(env.get("HERDFENCE_BROKER_STORAGE") or "disk"),
         redis_maxmemory=_memory_size("HERDFENCE_REDIS_MAXMEMORY", env.get("HERDFENCE_REDIS_MAXMEMORY") or "4gb"),

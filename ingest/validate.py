@@ -42,6 +42,15 @@ GOOD_SCHEMA = pa.schema([
 
 
 # ----------------------------------------------------------------------------- seams
+def _finite_or_inf(v: int | float) -> float:
+    """A JSON number as float; an integer too large for a float (1 followed by 400 zeros) becomes
+    ±inf, which validation rejects as not finite, instead of raising."""
+    try:
+        return float(v)
+    except OverflowError:
+        return math.inf if v > 0 else -math.inf
+
+
 @dataclass(frozen=True)
 class Rejection:
     """One report the API refuses: its index in the request and why."""
@@ -118,7 +127,7 @@ class FieldCol:
     def from_objects(cls, values: Sequence[Any]) -> "FieldCol":
         types = [type(v) for v in values]
         is_num = np.fromiter((t is int or t is float for t in types), bool, len(types))
-        num = np.array([float(v) if ok else np.nan for v, ok in zip(values, is_num)], dtype=float) \
+        num = np.array([_finite_or_inf(v) if ok else np.nan for v, ok in zip(values, is_num)], dtype=float) \
             if is_num.any() else np.full(len(types), np.nan)
         strs = np.array([v if t is str else None for v, t in zip(values, types)], dtype=object)
         present = np.fromiter((v is not None for v in values), bool, len(types))

@@ -64,7 +64,9 @@ def stack(tmp_path_factory) -> Stack:
     # a low per-device report rate so that the 429 path is reachable from a test client
     env.update(TEST_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_TRIGGER="200 milliseconds",
                HERDFENCE_RATE_DEVICE="10", HERDFENCE_KEEP_WARM_SECONDS="4",
-               HERDFENCE_STREAMS_PER_FARM="40")
+               HERDFENCE_STREAMS_PER_FARM="40",
+               # the suite's webhook receivers listen on 127.0.0.1
+               HERDFENCE_WEBHOOK_ALLOW_PRIVATE="1")
     s = Stack(env=env, api_url=f"http://127.0.0.1:{TEST_PORTS['HERDFENCE_API_PORT']}")
     try:
         s.cli("up", "--detach", timeout=600)

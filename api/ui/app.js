@@ -880,7 +880,17 @@
   function openStream() {
     closeStream();
     if (!window.EventSource) return;
-    var es = new EventSource('/v1/events/stream?key=' + encodeURIComponent(state.key));
+    // EventSource cannot send an Authorization header: a short-lived stream token goes in the URL,
+    // never the farm key (which would land in access logs)
+    var key = state.key;
+    api('POST', '/v1/events/stream-token').then(function (t) {
+      if (state.key === key && t && t.token) listen(new EventSource('/v1/events/stream?token=' + encodeURIComponent(t.token)));
+    }).catch(function () {
+      setTimeout(function () { if (state.key === key) openStream(); }, 5000);
+    });
+  }
+  function listen(es) {
+    closeStream();
     state.es = es;
     var onData = function (msg) {
       if (!msg.data) return;

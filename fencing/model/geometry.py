@@ -99,7 +99,10 @@ def _parse_position(pos, where: str) -> tuple[float, float]:
     # bool is an int subclass in Python; true/false in JSON are not coordinates
     if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in pos):
         raise FenceError(f"{where}: coordinates must be numbers, got {pos!r}")
-    lon, lat = float(pos[0]), float(pos[1])
+    try:
+        lon, lat = float(pos[0]), float(pos[1])
+    except OverflowError:      # an integer literal with hundreds of digits
+        raise FenceError(f"{where}: coordinates out of range, got a number too large for a float") from None
     if not (math.isfinite(lon) and math.isfinite(lat)):
         raise FenceError(f"{where}: coordinates must be finite, got {pos!r}")
     if not -180.0 <= lon <= 180.0:

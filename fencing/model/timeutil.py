@@ -22,8 +22,20 @@ def iso_many(ms: list[int]) -> list[str]:
     return [t + "Z" for t in text.tolist()]
 
 
+# Years 1..9999: what an ISO 8601 answer can say back (and Python's datetime can hold).
+MIN_MS, MAX_MS = -62_135_596_800_000, 253_402_300_799_999
+
+
 def to_ms(value) -> int:
-    """ISO 8601 string or epoch milliseconds (number or digit string) → epoch ms; ValueError otherwise."""
+    """ISO 8601 string or epoch milliseconds (number or digit string) → epoch ms; ValueError otherwise
+    (also for a time outside the years 1..9999)."""
+    ms = _to_ms(value)
+    if not MIN_MS <= ms <= MAX_MS:
+        raise ValueError("time out of range (years 1 to 9999)")
+    return ms
+
+
+def _to_ms(value) -> int:
     if isinstance(value, bool):
         raise ValueError("time must be ISO 8601 or epoch milliseconds")
     if isinstance(value, (int, float)):
@@ -33,6 +45,8 @@ def to_ms(value) -> int:
     if isinstance(value, str):
         text = value.strip()
         if text.lstrip("-").isdigit():
+            if len(text) > 20:
+                raise ValueError("time out of range (years 1 to 9999)")
             return int(text)
         try:
             moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))

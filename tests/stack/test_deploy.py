@@ -33,7 +33,9 @@ def infra(env):
     settings = load_settings(env)
     t0 = time.monotonic()
     try:                                          # whatever fails to start, stop what did start
-        assert broker.up(settings) is True        # a fresh broker was started
+        # a broker started on its durable log: nobody has to clear a checkpoint
+        assert broker.up(settings) is False
+        assert procs.alive_record(settings, broker.NAME) and procs.alive_record(settings, broker.STORE)
         redis_cluster.up(settings)
         print(f"broker + redis up in {time.monotonic() - t0:.1f} s")
         yield settings
@@ -81,7 +83,9 @@ def test_status_json_via_cli(infra, env):
     done = subprocess.run([HERDFENCE, "status", "--json"], env=env, capture_output=True, text=True, timeout=60)
     st = json.loads(done.stdout)
     comps = st["components"]
-    assert comps["broker"] == {"pid": procs.read_record(infra, "broker").pid, "port": 15092, "ok": True}
+    assert {k: comps["broker"][k] for k in ("pid", "port", "ok", "storage")} == \
+        {"pid": procs.read_record(infra, "broker").pid, "port": 15092, "ok": True, "storage": "disk"}
+    assert comps["broker"]["store"]["pid"] == procs.read_record(infra, "broker_store").pid
     assert comps["redis"]["ok"] is True and comps["redis"]["cluster_state"] == "ok"
     assert comps["job"]["ok"] is False and comps["api"]["ok"] is False     # not started here
     assert st["ok"] is False and done.returncode == 1

@@ -22,7 +22,7 @@ from tests.farmkit import Farm, square
 
 pytestmark = pytest.mark.stack
 
-PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(25092 + OFFSET), "HERDFENCE_EMBEDDED_REDIS_PORT": str(15101 + OFFSET),
+PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(25092 + OFFSET), "HERDFENCE_EMBEDDED_REDIS_PORT": str(16101 + OFFSET),
          "HERDFENCE_API_PORT": str(25800 + OFFSET)}
 
 

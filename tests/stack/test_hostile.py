@@ -90,6 +90,13 @@ def test_oversized_bodies_413(farm):
             yield b" " * (1024 * 1024)
     resp = farm.api.post("/v1/reports", content=chunks(), headers={"content-type": "application/json"})
     assert resp.status_code == 413
+    # per-route limits: one geometry needs no 8 MB, a device or a webhook no more than 64 KB
+    for path, size in (("/v1/query/within", 3 * 1024 * 1024), ("/v1/fences", 3 * 1024 * 1024),
+                       ("/v1/devices", 100 * 1024), ("/v1/webhooks", 100 * 1024)):
+        resp = _raw(farm, "POST", path, b'{"x": "' + b"y" * size + b'"}')
+        assert resp.status_code == 413 and "limit for this route" in _detail(resp), path
+    a_lot = _raw(farm, "POST", "/v1/reports", b'{"reports": [], "pad": "' + b"y" * (3 * 1024 * 1024) + b'"}')
+    assert a_lot.status_code != 413, a_lot.text[:200]          # reports keep their 8 MB
     many = {"reports": [{"device_id": "x", "ts": 1_700_000_000_000, "lat": 1, "lon": 1}] * 10_001}
     resp = farm.api.post("/v1/reports", json=many)
     assert resp.status_code == 413 and "10000" in _detail(resp).replace(",", "")
@@ -410,3 +417,49 @@ def test_malformed_kafka_records_go_to_dlq_and_valid_ones_still_flow(stack):
         assert word in reasons, (word, reasons)
     offsets = {(d["partition"], d["offset"]) for d in mine()}
     assert len(offsets) == len(bad), "each bad record dead-lettered once"
+
+
+# --- numbers, times and names no parser should choke on (issue 18) --------------------------------
+HUGE = "1" + "0" * 400          # an integer literal no float can hold
+
+
+def test_overflowing_numbers_and_absurd_times_are_4xx(farm):
+    ring = f"[[8.5,47.0],[{HUGE},47.0],[8.51,47.01],[8.5,47.0]]"
+    cases = [
+        ("POST", "/v1/reports", f'{{"reports":[{{"device_id":"big","ts":1732500000000,"lat":{HUGE},"lon":8.5}}]}}'),
+        ("POST", "/v1/fences", f'{{"type":"Feature","properties":{{"name":"x"}},'
+                               f'"geometry":{{"type":"Polygon","coordinates":[{ring}]}}}}'),
+        ("POST", "/v1/query/within", f'{{"geometry":{{"type":"Polygon","coordinates":[{ring}]}}}}'),
+    ]
+    for method, path, body in cases:
+        resp = _raw(farm, method, path, body)
+        assert resp.status_code in (202, 422), (path, resp.status_code, resp.text[:300])
+        if resp.status_code == 202:            # a report batch: the report itself is rejected with a reason
+            assert resp.json()["accepted"] == 0 and "lat" in resp.json()["rejected"][0]["reason"], resp.text
+        else:
+            assert "range" in _detail(resp) or "finite" in _detail(resp), resp.text
+    for params in ({"from": "99999999999999999"}, {"to": "-99999999999999999"}, {"from": "9" * 400},
+                   {"device_id": "x", "from": "99999999999999999"}):
+        resp = farm.api.get("/v1/positions/history", params=params)
+        assert resp.status_code == 422 and "out of range" in _detail(resp), (params, resp.text)
+    for since in ("99999999999999999", "-" + "9" * 30, "10000-01-01T00:00:00Z"):
+        resp = farm.api.get("/v1/events", params={"since": since})
+        assert resp.status_code == 422 and "since" in _detail(resp), (since, resp.text)
+
+
+def test_ids_with_trailing_newlines_or_out_of_alphabet_are_refused(farm):
+    for device_id in ("cow\n", "cow\r\n", "\ncow", "cow 1", "c" * 65, "fences:{x}"):
+        resp = farm.api.post("/v1/devices", json={"device_id": device_id, "herd": "n"})
+        assert resp.status_code == 422 and "device_id" in _detail(resp), (device_id, resp.text)
+    resp = farm.api.post("/v1/devices", json={"device_id": "ok-cow", "herd": "north\n"})
+    assert resp.status_code == 422 and "herd" in _detail(resp), resp.text
+
+
+def test_within_cache_keys_on_the_parsed_geometry(stack, farm):
+    """A 1 MB unknown member beside a valid polygon answers like the bare polygon (and is not what
+    the answer cache stores)."""
+    geometry = square(8.50, 47.00)
+    bare = farm.api.post("/v1/query/within", json={"geometry": geometry})
+    padded = farm.api.post("/v1/query/within", json={"geometry": {**geometry, "junk": "x" * 1_000_000}})
+    assert bare.status_code == padded.status_code == 200, padded.text[:200]
+    assert bare.json() == padded.json()

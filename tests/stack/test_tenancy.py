@@ -87,7 +87,7 @@ def test_other_farm_changes_nothing(world):
 
 def _sse_lines(stack, key: str, seconds: float, out: list, ready: threading.Event) -> None:
     with httpx.Client(base_url=stack.api_url, timeout=httpx.Timeout(seconds + 10, read=seconds + 5)) as c:
-        with c.stream("GET", "/v1/events/stream", params={"key": key}) as resp:
+        with c.stream("GET", "/v1/events/stream", headers={"Authorization": f"Bearer {key}"}) as resp:
             out.append(("status", resp.status_code))
             ready.set()
             deadline = time.monotonic() + seconds
@@ -127,8 +127,18 @@ def test_sse_needs_a_farm_key(world):
     stack = world["a"].stack
     with httpx.Client(base_url=stack.api_url, timeout=10) as c:
         assert c.get("/v1/events/stream").status_code == 401
-        assert c.get("/v1/events/stream", params={"key": "wrong"}).status_code == 401
-        assert c.get("/v1/events/stream", params={"key": world["token"]}).status_code == 403
+        assert c.get("/v1/events/stream", params={"token": "wrong"}).status_code == 401
+        assert c.get("/v1/events/stream", headers={"Authorization": f"Bearer {world['token']}"}).status_code == 403
+        # a key in the URL is never accepted (it would land in access logs), on any route
+        farm_key = world["a"].key
+        assert c.get("/v1/events/stream", params={"key": farm_key}).status_code == 401
+        assert c.get("/v1/fences", params={"key": farm_key}).status_code == 401
+        # the browser's way: a short-lived stream token, for the stream only, of its own farm only
+        token = c.post("/v1/events/stream-token", headers={"Authorization": f"Bearer {farm_key}"}).json()["token"]
+        assert c.post("/v1/events/stream-token", headers={"Authorization": f"Bearer {world['token']}"}).status_code == 403
+        with c.stream("GET", "/v1/events/stream", params={"token": token}) as resp:
+            assert resp.status_code == 200
+        assert c.get("/v1/fences", headers={"Authorization": f"Bearer {token}"}).status_code == 401
 
 
 FARM_ROUTES = [
