@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.herdfence-installed
 UI_DIR  := api/ui
-APT_PKGS := openjdk-17-jre-headless redis-server chromium
+APT_PKGS := openjdk-17-jre-headless redis-server chromium wrk
 
 .PHONY: setup up test clean system-packages venv ui-assets
 
@@ -18,6 +18,7 @@ system-packages:
 	command -v chromium >/dev/null 2>&1 || missing="$$missing chromium"; \
 	command -v npm >/dev/null 2>&1 || missing="$$missing npm"; \
 	command -v redis-cli >/dev/null 2>&1 || missing="$$missing redis-tools"; \
+	command -v wrk >/dev/null 2>&1 || missing="$$missing wrk"; \
 	$(PY) -c "import ensurepip, venv" >/dev/null 2>&1 || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 	  echo "setup: installing Debian packages:$$missing"; \

@@ -8,9 +8,6 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from redis import exceptions as redis_errors
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from fastapi.responses import FileResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -20,9 +17,11 @@ from api import errors, invalidation, metrics, routes_fences, routes_query, rout
 from api.event_hub import EventHub
 from api.fastpath import HotQueries
 from api.limits import BodySizeLimit
+from api.security_headers import SecurityHeaders
 from api.serving import die_with_master
 from fencing.config import load_settings
 from fencing.model import notify
+from fencing.model.redis_conn import async_cluster, connect
 
 UI_DIR = Path(__file__).parent / "ui"
 NODE_MODULES = UI_DIR / "node_modules"
@@ -30,16 +29,13 @@ NODE_MODULES = UI_DIR / "node_modules"
 
 @asynccontextmanager
 async def lifespan(app: FastAPI):
-    from fencing.model.redis_conn import connect
-
     die_with_master()
     settings = load_settings()
     app.state.settings = settings
     app.state.redis = connect(settings)
     host, port = settings.redis_node
     # the hot pull routes are async end to end (no thread hop): they use an asyncio cluster client
-    app.state.aredis = AsyncRedisCluster(host=host, port=port, decode_responses=True, socket_timeout=10,
-                                         retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), 8))
+    app.state.aredis = async_cluster(host, port)
 
     @lru_cache(maxsize=1)
     def producer():
@@ -66,6 +62,7 @@ app = FastAPI(title="herdfence", version="0.1.0", lifespan=lifespan,
               description="Geofencing for livestock: fences, GPS reports, live membership and events. "
                           "Auth: `Authorization: Bearer <farm API key or device token>`.")
 app.add_middleware(BodySizeLimit)
+app.add_middleware(SecurityHeaders)
 
 
 class Observe:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from fastapi import HTTPException
 
+from fencing.config import TUNING
+
 MAX_BODY_BYTES = 8 * 1024 * 1024   # 10,000 reports of ~300 bytes fit with room to spare
 # Smaller limits where a body is one geometry or one small object: a fence or a query area of the
 # most vertices allowed (fencing/model/geometry.py MAX_VERTICES) is well under 2 MB of GeoJSON.
@@ -75,15 +77,11 @@ class TokenBucket:
         return True
 
 
-def _env_rate(name: str, default: float) -> float:
-    import os
-    return float(os.environ.get(name, default))
 
 
 # Report posting is the write path devices hammer; reads are cheap and only capped per farm.
 # A collar reports every few seconds at most: 50 requests/s (burst 100) per device token is far above
 # legitimate use; gateways post batches with the farm key (2,000 requests/s, burst 4,000).
-DEVICE_REPORTS = TokenBucket(_env_rate("HERDFENCE_RATE_DEVICE", 50), 2 * _env_rate("HERDFENCE_RATE_DEVICE", 50))
-FARM_REPORTS = TokenBucket(_env_rate("HERDFENCE_RATE_FARM_REPORTS", 2000),
-                           2 * _env_rate("HERDFENCE_RATE_FARM_REPORTS", 2000))
-FARM_REQUESTS = TokenBucket(_env_rate("HERDFENCE_RATE_FARM", 50_000), 2 * _env_rate("HERDFENCE_RATE_FARM", 50_000))
+DEVICE_REPORTS = TokenBucket(TUNING.rate_device, 2 * TUNING.rate_device)
+FARM_REPORTS = TokenBucket(TUNING.rate_farm_reports, 2 * TUNING.rate_farm_reports)
+FARM_REQUESTS = TokenBucket(TUNING.rate_farm, 2 * TUNING.rate_farm)

@@ -73,3 +73,11 @@ def create_device(request: Request, body: dict = Body(..., examples=[{"device_id
         raise unprocessable("herd must be a string of at most 64 letters, digits, spaces or . _ : -")
     token = tenancy.register_device(request.app.state.redis, who.farm_id, device_id, herd, with_token=True)
     return {"device_id": device_id, "herd": herd, "token": token}
+
+
+@router.delete("/devices/{device_id}/token", status_code=204,
+               summary="Revoke a device's token at once (a new POST /v1/devices issues a new one)")
+def revoke_device_token(device_id: str, request: Request, who: Principal = Depends(farm_principal)) -> Response:
+    if not tenancy.revoke_device_token(request.app.state.redis, who.farm_id, device_id):
+        raise not_found("device")
+    return Response(status_code=204)

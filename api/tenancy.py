@@ -26,6 +26,35 @@ def create_farm(redis, name: str) -> tuple[str, str]:
     return farm_id, api_key
 
 
+def rotate_farm_key(redis, farm_id: str) -> str:
+    """A new API key for the farm; the old one stops working at once (every API worker drops its
+    cached keys on the notice)."""
+    old = redis.hget(keys.farm(farm_id), "key_hash")
+    if old is None:
+        raise LookupError(f"no farm {farm_id}")
+    api_key = new_secret("hfk")
+    digest = hash_secret(api_key)
+    redis.set(keys.apikey(digest), farm_id)
+    redis.hset(keys.farm(farm_id), "key_hash", digest)
+    redis.delete(keys.apikey(old))
+    notify.auth_changed(redis)
+    return api_key
+
+
+def revoke_device_token(redis, farm_id: str, device_id: str) -> bool:
+    """The device's token stops working at once; False when the farm has no such device."""
+    raw = redis.hget(keys.farm_devices(farm_id), device_id)
+    if raw is None:
+        return False
+    record = orjson.loads(raw)
+    old = record.pop("token_hash", None)
+    if old:
+        redis.delete(keys.devtoken(old))
+    redis.hset(keys.farm_devices(farm_id), device_id, orjson.dumps(record))
+    notify.auth_changed(redis)
+    return True
+
+
 def register_device(redis, farm_id: str, device_id: str, herd: str | None, with_token: bool) -> str | None:
     """Register (or re-register) a device in a farm; returns a new device token when asked for one."""
     token = new_secret("hfd") if with_token else None

@@ -81,6 +81,18 @@ def _cmd_farm_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_farm_rotate_key(args: argparse.Namespace) -> int:
+    from fencing.model.redis_conn import connect
+    tenancy = _lazy("api.tenancy", "farm management")
+    try:
+        api_key = tenancy.rotate_farm_key(connect(load_settings()), args.farm_id)
+    except LookupError as e:
+        raise DeployError(str(e)) from None
+    out = {"farm_id": args.farm_id, "api_key": api_key}
+    print(json.dumps(out) if args.json else f"farm_id: {args.farm_id}\napi_key: {api_key}\n(the old key no longer works)")
+    return 0
+
+
 def _passthrough(module: str, what: str) -> Callable:
     def run(args: argparse.Namespace) -> int:
         rc = _lazy(module, what).main(list(args.rest))
@@ -127,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("name")
     fc.add_argument("--json", action="store_true")
     fc.set_defaults(func=_cmd_farm_create)
+    fr = farm.add_parser("rotate-key", help="a new API key for the farm; the old one stops working at once")
+    fr.add_argument("farm_id")
+    fr.add_argument("--json", action="store_true")
+    fr.set_defaults(func=_cmd_farm_rotate_key)
 
     for name, (module, what, help_) in PASSTHROUGH.items():
         sp = sub.add_parser(name, help=help_, add_help=False)

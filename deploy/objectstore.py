@@ -299,8 +299,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--root", required=True, type=Path)
     p.add_argument("--port", required=True, type=int)
     args = p.parse_args(argv)
-    fsync = os.environ.get("HERDFENCE_OBJECTSTORE_FSYNC", "0").lower() in ("1", "true", "yes", "on")
-    app = S3App(DiskStore(args.root, fsync=fsync))
+    from fencing.config import TUNING
+    app = S3App(DiskStore(args.root, fsync=TUNING.objectstore_fsync))
     uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                 http="httptools", loop="uvloop", lifespan="off")
 

@@ -21,7 +21,7 @@ import httpx
 from deploy import artifact, broker, procs, redis_cluster, spark_cluster, validate
 from fencing.elastic import scale
 from deploy.procs import DeployError
-from fencing.config import TOPIC_REPORTS, Settings
+from fencing.config import TOPIC_REPORTS, TUNING, Settings
 from deploy.supervisor import NAME as SUPERVISOR, Supervisor
 
 JOB, API = "job", "api"
@@ -78,7 +78,7 @@ def api_spec(settings: Settings) -> procs.ProcSpec:
         name=API, argv=[sys.executable, "-m", "uvicorn", "api.app:app", "--host", "127.0.0.1",
                         "--port", port, "--timeout-graceful-shutdown", "3", "--no-access-log",
                         "--http", "api.serving:NoDelayHTTP",
-                        "--workers", os.environ.get("HERDFENCE_API_WORKERS", "2")],
+                        "--workers", str(TUNING.api_workers)],
         markers=["uvicorn", "api.app:app", f"--port {port}"], port=settings.api_port,
         port_env="HERDFENCE_API_PORT", env=settings_env(settings), cwd=os.getcwd())
 

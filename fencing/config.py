@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,127 @@ TOPIC_REPORTS = "gps.reports"
 TOPIC_DLQ = "gps.reports.dlq"
 TOPIC_EVENTS = "fence.events"
 REPORT_PARTITIONS = 4
+
+
+_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def flag(env: dict[str, str], var: str, default: bool) -> bool:
+    """The one reader of on/off settings: 1/true/yes/on and 0/false/no/off (any case); unset or
+    empty → `default`; anything else is an error naming the variable."""
+    value = (env.get(var) or "").strip().lower()
+    if not value:
+        return default
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise DeployError(f"{var}={env[var]!r}: expected one of {', '.join(_ON + _OFF)}")
+
+
+def number(env: dict[str, str], var: str, default: float, minimum: float = 0.0, kind: type = float):
+    value = (env.get(var) or "").strip()
+    if not value:
+        return kind(default)
+    try:
+        out = kind(value)
+    except ValueError:
+        raise DeployError(f"{var}={value!r}: expected a{'n integer' if kind is int else ' number'}") from None
+    if not out >= minimum:          # also refuses nan
+        raise DeployError(f"{var}={value!r}: must be at least {minimum}")
+    return out
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The job's and the API's knobs (README, "Configuration"), read once per process from the
+    environment and validated there: a malformed value stops the process at start with a clear error."""
+    trigger: str = "250 milliseconds"            # HERDFENCE_TRIGGER
+    max_offsets_per_trigger: int = 1_000_000     # HERDFENCE_MAX_OFFSETS_PER_TRIGGER
+    elastic: bool = True                         # HERDFENCE_ELASTIC
+    migrate_slots: bool = True                   # HERDFENCE_MIGRATE_SLOTS
+    fence_preload: bool = True                   # HERDFENCE_FENCE_PRELOAD
+    keep_warm_s: float = 20.0                    # HERDFENCE_KEEP_WARM_SECONDS (0: off)
+    silent_after_s: float = 3600.0               # HERDFENCE_SILENT_SECONDS
+    silent_scan_s: float = 30.0                  # HERDFENCE_SILENT_SCAN_SECONDS
+    retention_days: float = 30.0                 # HERDFENCE_EVENT_RETENTION_DAYS (0: keep all)
+    trim_every_s: float = 600.0                  # HERDFENCE_EVENT_TRIM_SECONDS
+    jvm_options: str = "-XX:TieredStopAtLevel=1"  # HERDFENCE_JVM_OPTIONS ("" = the JVM's default)
+    driver_host: str = "127.0.0.1"               # HERDFENCE_DRIVER_HOST
+    driver_bind: str = ""                        # HERDFENCE_DRIVER_BIND ("" = driver_host)
+    driver_memory: str = "2g"                    # HERDFENCE_DRIVER_MEMORY
+    scale_watch: bool = True                     # HERDFENCE_SCALE_WATCH
+    rate_device: float = 50.0                    # HERDFENCE_RATE_DEVICE (requests/s, burst 2x)
+    rate_farm_reports: float = 2000.0            # HERDFENCE_RATE_FARM_REPORTS
+    rate_farm: float = 50_000.0                  # HERDFENCE_RATE_FARM
+    api_workers: int = 2                         # HERDFENCE_API_WORKERS
+    objectstore_fsync: bool = False              # HERDFENCE_OBJECTSTORE_FSYNC
+
+
+def load_tuning(env: dict[str, str] | None = None) -> Tuning:
+    env = dict(os.environ if env is None else env)
+    d = Tuning()
+    return Tuning(
+        trigger=(env.get("HERDFENCE_TRIGGER") or d.trigger).strip(),
+        max_offsets_per_trigger=number(env, "HERDFENCE_MAX_OFFSETS_PER_TRIGGER", d.max_offsets_per_trigger, 1, int),
+        elastic=flag(env, "HERDFENCE_ELASTIC", d.elastic),
+        migrate_slots=flag(env, "HERDFENCE_MIGRATE_SLOTS", d.migrate_slots),
+        fence_preload=flag(env, "HERDFENCE_FENCE_PRELOAD", d.fence_preload),
+        keep_warm_s=number(env, "HERDFENCE_KEEP_WARM_SECONDS", d.keep_warm_s),
+        silent_after_s=number(env, "HERDFENCE_SILENT_SECONDS", d.silent_after_s),
+        silent_scan_s=number(env, "HERDFENCE_SILENT_SCAN_SECONDS", d.silent_scan_s),
+        retention_days=number(env, "HERDFENCE_EVENT_RETENTION_DAYS", d.retention_days),
+        trim_every_s=number(env, "HERDFENCE_EVENT_TRIM_SECONDS", d.trim_every_s),
+        jvm_options=env.get("HERDFENCE_JVM_OPTIONS", d.jvm_options),
+        driver_host=env.get("HERDFENCE_DRIVER_HOST") or d.driver_host,
+        driver_bind=env.get("HERDFENCE_DRIVER_BIND") or "",
+        driver_memory=env.get("HERDFENCE_DRIVER_MEMORY") or d.driver_memory,
+        scale_watch=flag(env, "HERDFENCE_SCALE_WATCH", d.scale_watch),
+        rate_device=number(env, "HERDFENCE_RATE_DEVICE", d.rate_device, 0.001),
+        rate_farm_reports=number(env, "HERDFENCE_RATE_FARM_REPORTS", d.rate_farm_reports, 0.001),
+        rate_farm=number(env, "HERDFENCE_RATE_FARM", d.rate_farm, 0.001),
+        api_workers=number(env, "HERDFENCE_API_WORKERS", d.api_workers, 1, int),
+        objectstore_fsync=flag(env, "HERDFENCE_OBJECTSTORE_FSYNC", d.objectstore_fsync),
+    )
+
+
+def spark_cluster_conf(env: dict[str, str] | None = None) -> dict[str, str]:
+    """Spark settings for a cluster master (executor size, dynamic allocation)."""
+    env = os.environ if env is None else env
+    conf = {"spark.executor.cores": env.get("HERDFENCE_EXECUTOR_CORES", "1"),
+            "spark.executor.memory": env.get("HERDFENCE_EXECUTOR_MEMORY", "1g"),
+            # A micro-batch's tasks should start at once on any executor, not wait for locality.
+            "spark.locality.wait": "0s"}
+    # Pinned driver ports (containers, firewalls): executors connect back to the driver on these.
+    if env.get("HERDFENCE_DRIVER_PORT"):
+        conf["spark.driver.port"] = env["HERDFENCE_DRIVER_PORT"]
+    if env.get("HERDFENCE_BLOCKMANAGER_PORT"):
+        conf["spark.blockManager.port"] = env["HERDFENCE_BLOCKMANAGER_PORT"]
+    if env.get("HERDFENCE_EXECUTOR_PYTHON"):
+        conf["spark.pyspark.python"] = env["HERDFENCE_EXECUTOR_PYTHON"]
+    if flag(env, "HERDFENCE_DYNAMIC_ALLOCATION", True):
+        lo = number(env, "HERDFENCE_MIN_EXECUTORS", 1, 0, int)
+        hi = max(lo, number(env, "HERDFENCE_MAX_EXECUTORS", 16, 1, int))
+        initial = min(hi, max(lo, number(env, "HERDFENCE_INITIAL_EXECUTORS", lo, 0, int)))
+        conf.update({
+            "spark.dynamicAllocation.enabled": "true",
+            # No external shuffle service: executors holding shuffle data are tracked instead.
+            "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+            "spark.dynamicAllocation.shuffleTracking.timeout": env.get("HERDFENCE_SHUFFLE_TRACKING_TIMEOUT",
+                                                                       "120s"),
+            "spark.dynamicAllocation.minExecutors": str(lo),
+            "spark.dynamicAllocation.maxExecutors": str(hi),
+            "spark.dynamicAllocation.initialExecutors": str(initial),
+            # Micro-batches queueing for 1 s ask for more executors; 60 s without a task gives one back.
+            "spark.dynamicAllocation.schedulerBacklogTimeout": env.get("HERDFENCE_BACKLOG_TIMEOUT", "1s"),
+            "spark.dynamicAllocation.sustainedSchedulerBacklogTimeout": "1s",
+            "spark.dynamicAllocation.executorIdleTimeout": env.get("HERDFENCE_EXECUTOR_IDLE_TIMEOUT", "60s"),
+        })
+    return conf
+
+
+NODE_PROBE_S = 10.0
+_reachable: dict[tuple, tuple[float, tuple[str, int]]] = {}
 
 
 @dataclass(frozen=True)
@@ -60,15 +182,23 @@ class Settings:
     @property
     def redis_node(self) -> tuple[str, int]:
         """A reachable node of the Redis Cluster (the client discovers the rest from it): the first of
-        `redis_nodes` that accepts a connection, so a restart after a master died still connects."""
-        nodes = self.redis_nodes
+        `redis_nodes` that accepts a connection, so a restart after a master died still connects.
+        Probed at most every NODE_PROBE_S per process (it is asked for every micro-batch)."""
+        nodes = tuple(self.redis_nodes)
+        cached = _reachable.get(nodes)
+        now = time.monotonic()
+        if cached is not None and now - cached[0] < NODE_PROBE_S:
+            return cached[1]
+        found = nodes[0]
         for host, port in nodes:
             try:
                 with socket.create_connection((host, port), timeout=0.3):
-                    return host, port
+                    found = (host, port)
+                    break
             except OSError:
                 continue
-        return nodes[0]
+        _reachable[nodes] = (now, found)
+        return found
 
     @property
     def spark_master_url(self) -> str:
@@ -103,9 +233,8 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         embedded_kafka_port=int(env.get("HERDFENCE_EMBEDDED_KAFKA_PORT") or DEFAULT_KAFKA_PORT),
         embedded_redis_port=int(env.get("HERDFENCE_EMBEDDED_REDIS_PORT") or DEFAULT_REDIS_PORT),
         embedded_redis_masters=max(1, int(env.get("HERDFENCE_EMBEDDED_REDIS_MASTERS") or REDIS_MASTERS)),
-        webhook_allow_private=(env.get("HERDFENCE_WEBHOOK_ALLOW_PRIVATE") or "0").strip().lower()
-        in ("1", "true", "yes", "on"),
-        streams_per_farm=max(1, int(env.get("HERDFENCE_STREAMS_PER_FARM") or 100)),
+        webhook_allow_private=flag(env, "HERDFENCE_WEBHOOK_ALLOW_PRIVATE", False),
+        streams_per_farm=number(env, "HERDFENCE_STREAMS_PER_FARM", 100, 1, int),
         broker_durable=_broker_storage(env.get("HERDFENCE_BROKER_STORAGE") or "disk"),
         redis_maxmemory=_memory_size("HERDFENCE_REDIS_MAXMEMORY", env.get("HERDFENCE_REDIS_MAXMEMORY") or "4gb"),
     )
@@ -181,3 +310,7 @@ PYFILES_ENV = "HERDFENCE_PYFILES"  # comma-separated artefacts for the job's Spa
 def pyfiles_from_env(env: dict[str, str] | None = None) -> list[str]:
     env = os.environ if env is None else env
     return [p for p in (env.get(PYFILES_ENV) or "").split(",") if p.strip()]
+
+
+# Read once per process, at import: every module that needs a knob takes it from here.
+TUNING = load_tuning()

@@ -194,7 +194,7 @@ def _batch_summary(beats: list[dict]) -> dict:
 # --- pull -----------------------------------------------------------------------------------------
 def pull(fences: int, devices: int, seconds: float, json_path: str, seed: int = 0, connections: int = 32,
          fences_per_farm: int = 12, client: str = "auto", progress: bool = True, plot: bool = True,
-         command: str = "", keep_stack: bool = False, reports_per_device: int = 3) -> dict:
+         command: str = "", keep_stack: bool = False, reports_per_device: int = 3, streams: int = 0) -> dict:
     from loadgen import bench_pull, plots
     from loadgen.bench_load import load_simulation, stream_and_wait
     from loadgen.herd import SimConfig, simulate
@@ -213,7 +213,12 @@ def pull(fences: int, devices: int, seconds: float, json_path: str, seed: int = 
         warm_s = min(5.0, max(1.0, seconds / 4))
         say(f"warm-up: {warm_s:.0f} s of the same mix, not measured")
         bench_pull.run(stack.settings.api_url, requests, warm_s, connections, client, progress)
+        live = None
+        if streams:
+            live = _open_maps(stack, sim, loaded, streams, seconds)
         result = bench_pull.run(stack.settings.api_url, requests, seconds, connections, client, progress)
+        if live is not None:
+            live = _close_maps(live)
         say("again with Cache-Control: no-cache (every answer read from Redis, as with a herd always moving)")
         uncached = bench_pull.run(stack.settings.api_url, requests, max(5.0, seconds / 2), connections, client,
                                   progress, no_cache=True)
@@ -231,6 +236,8 @@ def pull(fences: int, devices: int, seconds: float, json_path: str, seed: int = 
                         "latency_percentiles_ms": uncached["percentiles"]},
            "stack": stack_info, "machine": machine(), "command": command,
            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if live is not None:
+        out["streams"] = live
     _write_json(json_path, out)
     if plot:
         plots.pull_plot(_png_for(json_path), {
@@ -241,6 +248,54 @@ def pull(fences: int, devices: int, seconds: float, json_path: str, seed: int = 
                         f"herdfence pull: {fences:,} fences, {devices:,} devices, {connections} connections "
                         f"({result['client']}) — {result['queries_per_s']:,.0f} q/s, p99 {result['p99']} ms")
     return out
+
+
+def _open_maps(stack, sim, loaded, streams: int, seconds: float) -> dict:
+    """`streams` live event streams spread over the farms, held by their own process while the pull
+    mix runs, and one sentinel animal per streamed farm walking in and out of a fence (bench_sse)."""
+    import threading
+
+    import shapely
+
+    from loadgen import bench_sse
+    farms = sorted(loaded.farm_keys)[:streams]
+    fence_of = {}
+    for f in sim.fences:
+        real_farm, _ = loaded.fence_real[f.fence_id]
+        fence_of.setdefault(real_farm, f)
+    sentinels, keys, stream_devices = [], [], {}
+    for farm in farms:
+        f = fence_of[farm]
+        inside = shapely.get_coordinates(shapely.point_on_surface(f.geometry))[0]
+        minx, miny, maxx, maxy = shapely.bounds(f.geometry).tolist()
+        sentinels.append(bench_sse.Sentinel(loaded.farm_keys[farm], f"{loaded.device_prefix}sentinel-{farm[-6:]}",
+                                            (float(inside[0]), float(inside[1])), (maxx + 0.01, maxy + 0.01)))
+    by_farm = {farm: s for farm, s in zip(farms, sentinels)}
+    for i in range(streams):
+        farm = farms[i % len(farms)]
+        keys.append(loaded.farm_keys[farm])
+        stream_devices[i] = by_farm[farm].device_id
+    say(f"opening {streams} live event streams over {len(farms)} farms")
+    proc, first = bench_sse.start_holder(stack.settings.api_url, keys, seconds + 30)
+    say(f"streams open: {first}")
+    box: dict = {}
+    walker = threading.Thread(target=lambda: box.update(posts=bench_sse.walk(stack.settings.api_url, sentinels,
+                                                                               seconds)))
+    walker.start()
+    return {"proc": proc, "first": first, "walker": walker, "box": box, "stream_devices": stream_devices,
+            "streams": streams, "farms": len(farms)}
+
+
+def _close_maps(live: dict) -> dict:
+    from loadgen import bench_sse
+    live["walker"].join()
+    received = bench_sse.collect(live["proc"])
+    posts = live["box"].get("posts", [])
+    result = bench_sse.delays(received, posts, live["stream_devices"])
+    return {"streams": live["streams"], "farms": live["farms"], "opened": live["first"].get("open"),
+            "refused": live["first"].get("failed"), "sentinel_posts": len(posts), **result,
+            "note": "delay = arrival at the stream − the POST of the reports that caused the event "
+                    "(the job's micro-batch included)"}
 
 
 # --- command line ----------------------------------------------------------------------------------
@@ -270,6 +325,8 @@ def main(argv: list[str]) -> int:
     pl.add_argument("--fences-per-farm", type=int, default=12)
     pl.add_argument("--no-plot", action="store_true")
     pl.add_argument("--keep-stack", action="store_true")
+    pl.add_argument("--streams", type=int, default=0, metavar="N",
+                    help="hold N live event streams (open maps) while the mix runs; report their event delays")
     sub.add_parser("ingest", help="Kafka source read benchmark (loadgen/bench_ingest.py)", add_help=False)
     sub.add_parser("fences", help="fence scaling: 10k vs 1M fences, per-point cost (loadgen/bench_fences.py)",
                    add_help=False)
@@ -297,7 +354,7 @@ def main(argv: list[str]) -> int:
     elif args.what == "pull":
         out = pull(args.fences, args.devices, args.seconds, args.json, seed=args.seed,
                    connections=args.connections, client=args.client, fences_per_farm=args.fences_per_farm,
-                   plot=not args.no_plot, command=cmd, keep_stack=args.keep_stack)
+                   plot=not args.no_plot, command=cmd, keep_stack=args.keep_stack, streams=args.streams)
     else:
         from loadgen.bench_report import write_report
         path = write_report(Path(args.docs))

@@ -24,20 +24,19 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import orjson
-import pandas as pd
 import pyarrow as pa
 
 from fencing.model import keys
 from fencing.elastic import routing, slots
+from fencing.config import TUNING
 
-MIGRATE_SLOTS = os.environ.get("HERDFENCE_MIGRATE_SLOTS", "1") not in ("0", "false", "no", "")
+MIGRATE_SLOTS = TUNING.migrate_slots
 log = logging.getLogger("herdfence.elastic")
 
 STATUS_KEY = "elastic:status"        # JSON: routing version, last window, decisions, totals
@@ -462,7 +461,7 @@ def child_counts(batches: list[pa.RecordBatch], split_groups=None) -> tuple[dict
 
 
 def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: frozenset,
-                 batch_id: int | None = None) -> tuple[pa.Table, int]:
+                 version: str = "") -> tuple[pa.Table, int]:
     """Drop the reports that cannot change any fence state (Borealis-style semantic shedding).
 
     A device's report is shed only if ALL of these hold, for it and every earlier report of the device
@@ -471,17 +470,18 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
     the fences whose interior holds the cell, outside all others); that membership (the device's farm's
     fences) equals the confirmed inside set. Such a report resets no streak and flips nothing, so its
     only effect would be the position, which the device's last report of the batch (never shed)
-    overwrites. A report that could produce an event is never shed. On a replay of batch `batch_id`
-    (the state record was written by this very batch) the state before the batch is used, as the
-    process stage does."""
+    overwrites. A report that could produce an event is never shed. Reports are taken in arrival order
+    and the state before batch `version` ("<run id>:<batch id>", `ProcessContext.version`) is read with
+    the process stage's own reader (transitions.state_before), so a replayed batch sheds exactly what
+    it shed the first time."""
     from fencing.stream.fence_cache import process_cache
-    from fencing.model.transitions import DeviceState
+    from fencing.model.transitions import DeviceState, state_before
     if not batch.num_rows:
         return batch, 0
     frame = batch.select(["farm_id", "device_id", "ts", "cell", "grp"]).to_pandas()
     frame["dkey"] = frame["farm_id"] + "/" + frame["device_id"]
     frame["row"] = np.arange(len(frame))
-    frame = frame.sort_values(["dkey", "ts"], kind="stable")
+    frame = frame.sort_values("dkey", kind="stable")        # per device, arrival order (as processed)
     cache = process_cache()
     groups = sorted(frame["grp"].unique())
     cache.refresh(redis, groups)
@@ -501,8 +501,7 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
     states = {}
     for d, raw in zip(dkeys, pipe.execute()):
         if raw:
-            rec = orjson.loads(raw)
-            states[d] = rec.get("p") if batch_id is not None and rec.get("b") == batch_id else rec.get("s")
+            states[d] = state_before(orjson.loads(raw), version)
     last_rows = set(last["row"].tolist())
     drop = np.zeros(len(batch), dtype=bool)
     cells = frame["cell"].to_numpy().astype(np.int64).view(np.uint64).tolist()
@@ -560,7 +559,7 @@ def elastic_process(ctx, batches):
         reports = table.filter(pa.array(kinds == 0))
         side = table.filter(pa.array(kinds != 0))
         kept, shed = shed_reports(cluster(ctx.redis_host, ctx.redis_port), ctx.routing, reports, ctx.deleted,
-                                  ctx.batch_id)
+                                  ctx.version)
         batches = pa.concat_tables([kept, side]).combine_chunks().to_batches()
     for out in process_partition(ctx, iter(batches)):
         kinds = out.column(0).to_numpy(zero_copy_only=False)

@@ -1,8 +1,12 @@
-"""One Redis Cluster client per process (driver, API worker or Spark Python worker), reused."""
+"""The one Redis Cluster client factory: every process (driver, API worker, Spark Python worker, the
+launchers) builds its clients here, with the same timeouts and the same retries, which ride out a
+failover (replica promotion takes 2-4 s) and slot moves."""
 from __future__ import annotations
 
 import threading
 
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
@@ -11,21 +15,36 @@ from fencing.config import Settings
 
 _clients: dict[tuple[str, int], RedisCluster] = {}
 _lock = threading.Lock()
+TIMEOUTS = {"socket_timeout": 10, "socket_connect_timeout": 5}
+
+
+def _backoff() -> ExponentialBackoff:
+    return ExponentialBackoff(cap=2.0, base=0.1)
+
+
+def new_cluster(host: str, port: int, **overrides) -> RedisCluster:
+    """A new synchronous client (decoded strings)."""
+    return RedisCluster(host=host, port=port, decode_responses=True,
+                        **{**TIMEOUTS, "retry": Retry(_backoff(), 8), **overrides})
 
 
 def cluster(host: str, port: int) -> RedisCluster:
+    """This process's shared synchronous client for that node's cluster."""
     with _lock:
         client = _clients.get((host, port))
         if client is None:
-            # retries ride out a failover (replica promotion takes 2-4 s) and slot moves
-            client = RedisCluster(host=host, port=port, decode_responses=True,
-                                  socket_timeout=10, socket_connect_timeout=5,
-                                  retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), 8))
-            _clients[(host, port)] = client
+            client = _clients[(host, port)] = new_cluster(host, port)
         return client
 
 
-def connect(settings: Settings, **kwargs) -> RedisCluster:
-    """A cluster client for the configured (embedded or external) Redis Cluster."""
+def async_cluster(host: str, port: int) -> AsyncRedisCluster:
+    """An asyncio client (the API's hot routes and live streams), same timeouts and retries."""
+    return AsyncRedisCluster(host=host, port=port, decode_responses=True, socket_timeout=TIMEOUTS["socket_timeout"],
+                             retry=AsyncRetry(_backoff(), 8))
+
+
+def connect(settings: Settings, **overrides) -> RedisCluster:
+    """A new synchronous client for the configured (embedded or external) Redis Cluster. No retries
+    by default: the launchers and `status` want a quick answer when a node is down."""
     host, port = settings.redis_node
-    return RedisCluster(host=host, port=port, decode_responses=True, **kwargs)
+    return new_cluster(host, port, **{"retry": None, **overrides})

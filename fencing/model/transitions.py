@@ -86,6 +86,17 @@ class Event:
     lon: float
 
 
+def state_before(record: dict | None, version: str) -> dict | None:
+    """A device's stored state record → its state before batch `version`.
+
+    Records are {"b": version that wrote it, "s": state after, "p": state before}; a replay of the batch
+    that wrote the record (same `version`, "<run id>:<batch id>") must start from "p", any later batch
+    from "s". The one reader of these records: the process stage and load shedding both use it."""
+    if record is None:
+        return None
+    return record.get("p") if record.get("b") == version else record.get("s")
+
+
 def event_id(fence_uid: str, device_id: str, kind: str, ts: int) -> str:
     return hashlib.sha1(f"{fence_uid}|{device_id}|{kind}|{ts}".encode()).hexdigest()[:24]
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import gc
-import os
 import zlib
 from dataclasses import dataclass, field
 
@@ -28,13 +27,14 @@ from fencing.model.fence_store import FenceRules
 from fencing.model.geometry import group_names
 from fencing.model.membership import FenceIndex
 from fencing.model.node_pipe import NodePipeline
+from fencing.config import TUNING
 
 # Few enough that each shard's index call amortizes its fixed numpy cost over thousands of points
 # (64 shards cost ~150 ns per point at 1M fences), enough that one fence edit rebuilds 1/16 of them.
 SHARDS = 16
 # HERDFENCE_FENCE_PRELOAD=0: a worker loads only the groups its batches meet (less memory per worker
 # when one executor never sees most of the map, e.g. many executors and few fences each)
-PRELOAD = os.environ.get("HERDFENCE_FENCE_PRELOAD", "1") not in ("0", "false", "no", "off")
+PRELOAD = TUNING.fence_preload
 
 
 def all_groups(redis) -> list[str]:

@@ -33,11 +33,12 @@ from fencing.stream.retention import RETENTION_DAYS, EventRetention
 from fencing.stream.silent import SEEN_STEP_MS, SilentScanner
 from fencing.stream.sinks import Sinks
 from fencing.stream.spark_session import build_session
+from fencing.config import TUNING
 
 log = logging.getLogger("herdfence.job")
-MAX_OFFSETS_PER_TRIGGER = int(os.environ.get("HERDFENCE_MAX_OFFSETS_PER_TRIGGER", "1000000"))
-TRIGGER = os.environ.get("HERDFENCE_TRIGGER", "250 milliseconds")
-ELASTIC = os.environ.get("HERDFENCE_ELASTIC", "1") not in ("0", "false", "no", "")
+MAX_OFFSETS_PER_TRIGGER = TUNING.max_offsets_per_trigger
+TRIGGER = TUNING.trigger
+ELASTIC = TUNING.elastic
 
 
 class BatchProcessor:

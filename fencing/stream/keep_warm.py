@@ -17,8 +17,9 @@ from typing import Callable
 import orjson
 
 from fencing.stream.periodic import Periodic
+from fencing.config import TUNING
 
-KEEP_WARM_S = float(os.environ.get("HERDFENCE_KEEP_WARM_SECONDS", "20"))   # 0 = off
+KEEP_WARM_S = TUNING.keep_warm_s   # 0 = off
 STATUS_KEY = "job:keepwarm"
 HOLD_S = 0.3        # long enough that a run's tasks overlap, so no worker serves two of them
 

@@ -23,7 +23,7 @@ from fencing.model.node_pipe import NodePipeline
 from fencing.model.redis_conn import cluster
 from fencing.elastic.routing import RoutingTable, device_runs, group_slot
 from fencing.stream.sinks import event_log
-from fencing.model.transitions import DeviceState, Event, advance, last_accepted_reports
+from fencing.model.transitions import DeviceState, Event, advance, last_accepted_reports, state_before
 
 OUT_KIND_EVENT, OUT_KIND_DEAD, OUT_KIND_PING, OUT_KIND_STATS, OUT_KIND_READ = 0, 1, 2, 3, 4
 _SIDE = {KIND_DEAD: OUT_KIND_DEAD, KIND_PING: OUT_KIND_PING, KIND_READ: OUT_KIND_READ}
@@ -251,14 +251,7 @@ def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter
             for (group, idx), values in zip(by_old.items(), pipe.execute()):
                 for i, raw in zip(idx, values):
                     raws[i], devices.moved_from[i] = raw, group
-    before = []
-    for raw in raws:
-        record = orjson.loads(raw) if raw else None
-        if record is None:
-            before.append(None)
-        else:
-            before.append(record.get("p") if record.get("b") == version else record.get("s"))
-    devices.before = before
+    devices.before = [state_before(orjson.loads(raw) if raw else None, version) for raw in raws]
 
 
 def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceState], latest_row: np.ndarray,

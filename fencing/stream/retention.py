@@ -9,15 +9,15 @@ older than the retention when it was made (a collar's backlog from months ago) i
 trim."""
 from __future__ import annotations
 
-import os
 import time
 
 from fencing.model import keys
 from fencing.model.node_pipe import NodePipeline
 from fencing.stream.periodic import Periodic
+from fencing.config import TUNING
 
-RETENTION_DAYS = float(os.environ.get("HERDFENCE_EVENT_RETENTION_DAYS", "30"))
-TRIM_EVERY_S = float(os.environ.get("HERDFENCE_EVENT_TRIM_SECONDS", "600"))
+RETENTION_DAYS = TUNING.retention_days
+TRIM_EVERY_S = TUNING.trim_every_s
 FARMS_PER_ROUND = 5_000      # farms per pipelined round (one round trip per master each)
 EVENTS_PER_CALL = 5_000      # ids one script call drops (Lua's unpack takes ~8,000 at most)
 

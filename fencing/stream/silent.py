@@ -4,7 +4,6 @@ device that reports again and falls silent again gets a new one. Runs on a timer
 because silence is exactly when no micro-batch runs."""
 from __future__ import annotations
 
-import os
 import time
 
 import orjson
@@ -13,9 +12,10 @@ from fencing.model import keys
 from fencing.model.node_pipe import NodePipeline
 from fencing.stream.periodic import Periodic
 from fencing.model.transitions import event_id
+from fencing.config import TUNING
 
-SILENT_AFTER_S = float(os.environ.get("HERDFENCE_SILENT_SECONDS", "3600"))
-SCAN_EVERY_S = float(os.environ.get("HERDFENCE_SILENT_SCAN_SECONDS", "30"))
+SILENT_AFTER_S = TUNING.silent_after_s
+SCAN_EVERY_S = TUNING.silent_scan_s
 # The job rewrites a device's last-seen entry only once it is this old (a write per farm and batch was
 # a third of the commands of a batch whose farms have a device or two each); every position carries its
 # arrival ("rx"), which the scan checks before it flags a device. At most half the silence, so a device

@@ -28,6 +28,8 @@ import time
 
 from pyspark.sql import SparkSession
 
+from fencing.config import TUNING, load_settings, spark_cluster_conf
+
 log = logging.getLogger("herdfence.spark")
 
 
@@ -35,46 +37,14 @@ def is_local(master: str) -> bool:
     return master.startswith("local")
 
 
-def cluster_conf(env: dict[str, str] | None = None) -> dict[str, str]:
-    """Spark settings for a cluster master (executor size, dynamic allocation)."""
-    env = os.environ if env is None else env
-    conf = {"spark.executor.cores": env.get("HERDFENCE_EXECUTOR_CORES", "1"),
-            "spark.executor.memory": env.get("HERDFENCE_EXECUTOR_MEMORY", "1g"),
-            # A micro-batch's tasks should start at once on any executor, not wait for locality.
-            "spark.locality.wait": "0s"}
-    # Pinned driver ports (containers, firewalls): executors connect back to the driver on these.
-    if env.get("HERDFENCE_DRIVER_PORT"):
-        conf["spark.driver.port"] = env["HERDFENCE_DRIVER_PORT"]
-    if env.get("HERDFENCE_BLOCKMANAGER_PORT"):
-        conf["spark.blockManager.port"] = env["HERDFENCE_BLOCKMANAGER_PORT"]
-    if env.get("HERDFENCE_EXECUTOR_PYTHON"):
-        conf["spark.pyspark.python"] = env["HERDFENCE_EXECUTOR_PYTHON"]
-    if env.get("HERDFENCE_DYNAMIC_ALLOCATION", "1").lower() not in ("0", "false", "no", "off"):
-        lo = int(env.get("HERDFENCE_MIN_EXECUTORS", "1"))
-        hi = max(lo, int(env.get("HERDFENCE_MAX_EXECUTORS", "16")))
-        initial = min(hi, max(lo, int(env.get("HERDFENCE_INITIAL_EXECUTORS", str(lo)))))
-        conf.update({
-            "spark.dynamicAllocation.enabled": "true",
-            # No external shuffle service: executors holding shuffle data are tracked instead.
-            "spark.dynamicAllocation.shuffleTracking.enabled": "true",
-            "spark.dynamicAllocation.shuffleTracking.timeout": env.get("HERDFENCE_SHUFFLE_TRACKING_TIMEOUT",
-                                                                       "120s"),
-            "spark.dynamicAllocation.minExecutors": str(lo),
-            "spark.dynamicAllocation.maxExecutors": str(hi),
-            "spark.dynamicAllocation.initialExecutors": str(initial),
-            # Micro-batches queueing for 1 s ask for more executors; 60 s without a task gives one back.
-            "spark.dynamicAllocation.schedulerBacklogTimeout": env.get("HERDFENCE_BACKLOG_TIMEOUT", "1s"),
-            "spark.dynamicAllocation.sustainedSchedulerBacklogTimeout": "1s",
-            "spark.dynamicAllocation.executorIdleTimeout": env.get("HERDFENCE_EXECUTOR_IDLE_TIMEOUT", "60s"),
-        })
-    return conf
+cluster_conf = spark_cluster_conf      # fencing/config.py: the one reader of HERDFENCE_* variables
 
 
 # The local JVM (driver + executor) mostly moves bytes: the readers hand the shuffle a few Arrow IPC
 # blobs per task. C2's compiler threads took half of its CPU in a benchmark's measured run (2.2 of
 # 4.4 core-s in 15 s); C1 alone compiles almost nothing after start and runs this work as fast
 # (docs/benchmarks-notes.md, session 5). HERDFENCE_JVM_OPTIONS replaces it ("" = the JVM's default).
-LOCAL_JVM_OPTIONS = os.environ.get("HERDFENCE_JVM_OPTIONS", "-XX:TieredStopAtLevel=1")
+LOCAL_JVM_OPTIONS = TUNING.jvm_options
 
 
 def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: int = 4) -> SparkSession:
@@ -87,11 +57,11 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     builder = SparkSession.builder.appName(app_name)
     if not submitted:
-        host = os.environ.get("HERDFENCE_DRIVER_HOST", "127.0.0.1")
+        host = TUNING.driver_host
         builder = (builder.master(master)
                    .config("spark.driver.host", host)
-                   .config("spark.driver.bindAddress", os.environ.get("HERDFENCE_DRIVER_BIND", host))
-                   .config("spark.driver.memory", os.environ.get("HERDFENCE_DRIVER_MEMORY", "2g")))
+                   .config("spark.driver.bindAddress", TUNING.driver_bind or host)
+                   .config("spark.driver.memory", TUNING.driver_memory))
         if is_local(master):
             builder = (builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
                        .config("spark.driver.extraJavaOptions", LOCAL_JVM_OPTIONS))
@@ -160,7 +130,7 @@ def _probe(spark: SparkSession) -> None:
         for s in unique:
             log.info("executor python pid %s (%s) imports fencing from %s", s["pid"], s["executor_cwd"],
                      s["fencing"])
-        home = os.environ.get("HERDFENCE_HOME")
+        home = str(load_settings().home)
         if home:
             out = os.path.join(home, "run", "executors.json")
             os.makedirs(os.path.dirname(out), exist_ok=True)
@@ -172,7 +142,7 @@ def _probe(spark: SparkSession) -> None:
 
 
 def _start_scale_watcher(spark: SparkSession) -> None:
-    if os.environ.get("HERDFENCE_SCALE_WATCH", "1").lower() in ("0", "false", "no", "off"):
+    if not TUNING.scale_watch:
         return
     from fencing.elastic import scale
     from fencing.config import load_settings

@@ -48,13 +48,16 @@ def test_push_bench_is_exact(stack, tmp_path):
 def test_pull_bench_has_no_errors(stack, tmp_path):
     out = tmp_path / "pull.json"
     stack.cli("bench", "pull", "--fences", "100", "--devices", "100", "--seconds", "3", "--connections", "4",
-              "--json", str(out), timeout=900)
+              "--streams", "20", "--json", str(out), timeout=900)
     result = json.loads(out.read_text())
     assert PULL_KEYS <= set(result)
     assert result["errors"] == 0
     assert result["queries_per_s"] > 0 and result["latency_ms"]["p99"] >= result["latency_ms"]["p50"] > 0
     uncached = result["uncached"]        # the same mix with Cache-Control: no-cache: Redis every time
     assert uncached["errors"] == 0 and uncached["queries_per_s"] > 0
+    live = result["streams"]             # 20 open maps over the farms, a sentinel walking in each
+    assert live["opened"] == 20 and live["refused"] == 0, live
+    assert live["events_received"] >= live["farms"] and live["delay_s"]["p50"] > 0, live
 
 
 def test_report_shows_flood_and_paced_runs(tmp_path):

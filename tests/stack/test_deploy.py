@@ -132,7 +132,7 @@ def test_supervisor_restarts_with_backoff_then_gives_up(tmp_path):
 
 def test_down_stops_everything_by_pid(infra, env):
     pids = [procs.read_record(infra, n).pid for n in procs.recorded_names(infra)]
-    assert len(pids) == 4                      # broker + 3 redis nodes
+    assert len(pids) == 5                      # broker, its object store, 3 redis nodes
     t0 = time.monotonic()
     done = subprocess.run([HERDFENCE, "down"], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

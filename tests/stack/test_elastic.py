@@ -217,3 +217,35 @@ def test_shedding_that_yields_little_is_switched_off_and_held_off(stack):
         assert routing.load(redis).shed                                  # hold-off over: on by lag again
     finally:
         routing.publish(redis, routing.load(redis).evolve(shed=False))
+
+
+def test_a_replayed_batch_sheds_from_the_state_before_it(stack):
+    """Shedding reads device state with the process stage's reader: on a replay of the batch that
+    wrote a device's record, the state BEFORE that batch. Here the batch confirmed the cow inside the
+    paddock; replayed, a report deep inside must not be shed (from the state before, it is the ENTER),
+    while for any later batch the same report changes nothing and is shed."""
+    import pandas as pd
+
+    from fencing.model import keys as model_keys
+    from tests.farmkit import Farm
+    farm = Farm(stack, "replay shed")
+    lon0, lat0 = 8.60, 47.20
+    farm.fence({"type": "Polygon", "coordinates": [[[lon0, lat0], [lon0 + 0.02, lat0], [lon0 + 0.02, lat0 + 0.015],
+                                                    [lon0, lat0 + 0.015], [lon0, lat0]]]})
+    farm.device("rs-cow")
+    centre = (lon0 + 0.01, lat0 + 0.0075)
+    stamps = farm.report("rs-cow", centre, centre)                     # one batch: ENTER confirmed
+    farm.wait_seen("rs-cow", stamps[-1])
+    assert [e["type"] for e in farm.events(device_id="rs-cow")] == ["enter"]
+    dkey = f"{farm.farm_id}/rs-cow"
+    # two reports: a device's last report of a batch is never shed, the one before it may be
+    report = pd.DataFrame({"device_id": ["rs-cow"] * 2, "ts": [stamps[-1] + 10_000, stamps[-1] + 20_000],
+                           "lat": [centre[1]] * 2, "lon": [centre[0]] * 2})
+    prepared = _prepared(report, {"rs-cow": farm.farm_id})
+    grp = prepared.column("grp")[0].as_py()
+    record = orjson.loads(stack.redis.hget(model_keys.group_state(grp), dkey))   # written by that batch
+    assert record["s"] and record["b"].count(":") == 1, record
+    table = routing.load(stack.redis)
+    _, shed_on_replay = elastic.shed_reports(stack.redis, table, prepared, frozenset(), record["b"])
+    _, shed_later = elastic.shed_reports(stack.redis, table, prepared, frozenset(), record["b"] + "0")
+    assert (shed_on_replay, shed_later) == (0, 1)

@@ -463,3 +463,11 @@ def test_within_cache_keys_on_the_parsed_geometry(stack, farm):
     padded = farm.api.post("/v1/query/within", json={"geometry": {**geometry, "junk": "x" * 1_000_000}})
     assert bare.status_code == padded.status_code == 200, padded.text[:200]
     assert bare.json() == padded.json()
+
+
+def test_ui_has_a_content_security_policy(stack):
+    page = stack.client(None).get("/")
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-eval" not in csp
+    assert page.headers["x-content-type-options"] == "nosniff" and page.headers["x-frame-options"] == "DENY"
+    assert stack.client(None).get("/healthz").headers["referrer-policy"] == "no-referrer"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 
 import httpx
 import pytest
 
+from tests.conftest import HERDFENCE, ROOT
 from tests.farmkit import Farm, square
 
 INSIDE, INSIDE2, OUTSIDE = (8.505, 47.005), (8.506, 47.006), (8.505, 47.05)
@@ -192,3 +194,23 @@ def test_farm_key_cannot_post_into_another_farm(world):
     assert resp.status_code in (202, 403, 422)
     time.sleep(3)
     assert a.api.get("/v1/devices/a-only").json()["lat"] == INSIDE2[1], "farm B moved farm A's device"
+
+
+def test_rotated_farm_key_and_revoked_device_token_stop_working_at_once(stack):
+    farm = Farm(stack, "rotating")
+    token = farm.device("rot-cow")
+    assert farm.api.get("/v1/fences").status_code == 200            # both secrets cached by the API now
+    dev = stack.client(token)
+    body = {"reports": [{"device_id": "rot-cow", "ts": farm.base_ts, "lat": 47.0, "lon": 8.5}]}
+    assert dev.post("/v1/reports", json=body).status_code == 202
+    out = json.loads(stack.cli("farm", "rotate-key", farm.farm_id, "--json"))
+    assert out["farm_id"] == farm.farm_id and out["api_key"] != farm.key
+    assert farm.api.get("/v1/fences").status_code == 401, "the old key still works"
+    new = stack.client(out["api_key"])
+    assert new.get("/v1/fences").status_code == 200
+    assert new.delete("/v1/devices/rot-cow/token").status_code == 204
+    assert dev.post("/v1/reports", json=body).status_code == 401, "the revoked token still works"
+    assert new.delete("/v1/devices/no-such-cow/token").status_code == 404
+    missing = subprocess.run([HERDFENCE, "farm", "rotate-key", "farm-nope"], env=stack.env, cwd=ROOT,
+                             capture_output=True, text=True)
+    assert missing.returncode != 0 and "no farm" in missing.stderr
