@@ -12,6 +12,7 @@ from fastapi.responses import FileResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 import asyncio
+import logging
 
 from api import errors, invalidation, metrics, routes_fences, routes_query, routes_reports, webhooks
 from api.event_hub import EventHub
@@ -24,6 +25,7 @@ from fencing.model import notify
 from fencing.model.redis_conn import async_cluster, connect
 
 UI_DIR = Path(__file__).parent / "ui"
+log = logging.getLogger("herdfence.api")
 NODE_MODULES = UI_DIR / "node_modules"
 
 
@@ -36,6 +38,10 @@ async def lifespan(app: FastAPI):
     host, port = settings.redis_node
     # the hot pull routes are async end to end (no thread hop): they use an asyncio cluster client
     app.state.aredis = async_cluster(host, port)
+    try:      # learn the slot map now: a burst of first requests must not all race to do it
+        await app.state.aredis.initialize()
+    except Exception as err:  # noqa: BLE001 - Redis down at start: the first request tries again
+        log.warning("Redis Cluster not reachable at start: %s", err)
 
     @lru_cache(maxsize=1)
     def producer():

@@ -21,6 +21,7 @@ from fencing.model import keys
 
 log = logging.getLogger("herdfence.events")
 READ_COUNT = 500
+REDIS_CALLS_AT_ONCE = 32     # 2,000 maps opened at once must not open 2,000 Redis connections at once
 
 
 class TooManyStreams(Exception):
@@ -49,6 +50,20 @@ class EventHub:
         self.feeds: dict[str, _Feed] = {}
         self._due: set[str] = set()
         self._wake = asyncio.Event()
+        self._slots = asyncio.Semaphore(REDIS_CALLS_AT_ONCE)
+
+    async def _redis(self, method: str, *args, **kwargs):
+        """A Redis call of the hub, a bounded number at a time, tried up to three times: a burst of new
+        streams (every map of a region reconnecting after a restart) must not turn into errors."""
+        for attempt in range(3):
+            async with self._slots:
+                try:
+                    return await getattr(self.aredis, method)(*args, **kwargs)
+                except Exception as err:  # noqa: BLE001 - connection trouble: a short pause, then again
+                    if attempt == 2:
+                        log.warning("live events: %s failed three times: %r", method, err)
+                        raise
+            await asyncio.sleep(0.1 * (attempt + 1))
 
     @property
     def streams(self) -> int:
@@ -62,13 +77,13 @@ class EventHub:
         if feed is not None and len(feed.subscribers) >= self.per_farm:
             raise TooManyStreams(f"this farm has {self.per_farm} live streams open already")
         if feed is None:
-            newest = await self.aredis.xrevrange(keys.event_stream(farm_id), "+", "-", 1)
+            newest = await self._redis("xrevrange", keys.event_stream(farm_id), "+", "-", 1)
             feed = self.feeds.setdefault(farm_id, _Feed(newest[0][0] if newest else "0-0"))
         sub = Subscriber(farm_id, asyncio.Queue(self.queue_max))
         async with feed.lock:        # the hub does not move the cursor while we catch up
             if last_id and _before(last_id, feed.cursor):
-                missed = await self.aredis.xrange(keys.event_stream(farm_id), f"({last_id}", feed.cursor,
-                                                  self.queue_max)
+                missed = await self._redis("xrange", keys.event_stream(farm_id), f"({last_id}", feed.cursor,
+                                           self.queue_max)
                 for entry_id, fields in missed:
                     sub.queue.put_nowait((entry_id, fields["event"]))
             feed.subscribers.add(sub)
@@ -106,7 +121,7 @@ class EventHub:
             return
         async with feed.lock:
             try:
-                batch = await self.aredis.xread({keys.event_stream(farm_id): feed.cursor}, count=READ_COUNT)
+                batch = await self._redis("xread", {keys.event_stream(farm_id): feed.cursor}, count=READ_COUNT)
             except Exception as err:  # noqa: BLE001 - a failover: the next pass reads again
                 log.warning("live events of %s: %s", farm_id, err)
                 return

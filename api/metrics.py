@@ -64,8 +64,29 @@ def render(redis) -> str:
               "# HELP herdfence_api_invalidation_listening 1 while this worker hears change notices.",
               "# TYPE herdfence_api_invalidation_listening gauge",
               f"herdfence_api_invalidation_listening {int(invalidation.listening())}"]
+    lines += [f"herdfence_api_answer_cache_bytes {cache['bytes']}"]
+    lines += _redis_memory(redis)
     lines += _job_metrics(redis)
     return "\n".join(lines) + "\n"
+
+
+def _redis_memory(redis) -> list[str]:
+    """Each master's memory and its maxmemory (writers get 507 when it is reached: noeviction)."""
+    from redis.cluster import RedisCluster
+    try:
+        per_node = redis.info("memory", target_nodes=RedisCluster.PRIMARIES)
+    except Exception:  # noqa: BLE001 - a node down: the gauges are left out, /metrics still answers
+        return []
+    if not isinstance(per_node, dict) or "used_memory" in per_node:
+        per_node = {"redis": per_node}
+    lines = ["# HELP herdfence_redis_used_memory_bytes Memory used by each Redis master.",
+             "# TYPE herdfence_redis_used_memory_bytes gauge"]
+    limits = ["# HELP herdfence_redis_maxmemory_bytes Each Redis master's maxmemory (0: none).",
+              "# TYPE herdfence_redis_maxmemory_bytes gauge"]
+    for node, info in sorted(per_node.items()):
+        lines.append(f'herdfence_redis_used_memory_bytes{{node="{node}"}} {int(info.get("used_memory", 0))}')
+        limits.append(f'herdfence_redis_maxmemory_bytes{{node="{node}"}} {int(info.get("maxmemory", 0))}')
+    return lines + limits
 
 
 def _job_metrics(redis) -> list[str]:

@@ -119,6 +119,9 @@ async def stream_events(request: Request, who: Principal = Depends(auth.stream_p
         sub = await hub.subscribe(who.farm_id, last_id)
     except TooManyStreams as err:
         raise HTTPException(429, f"{err}; close another map first", headers={"Retry-After": "10"}) from None
+    except Exception:  # noqa: BLE001 - the store did not answer in three tries: the browser retries
+        raise HTTPException(503, "the live event stream cannot be opened right now, retry shortly",
+                            headers={"Retry-After": "2"}) from None
     return StreamingResponse(event_hub.frames(hub, sub, request.is_disconnected),
                              media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -73,9 +73,13 @@ def _write_conf(settings: Settings, port: int) -> Path:
         # A replica may always take over (with replicas, the lag is milliseconds).
         "cluster-replica-validity-factor 0",
         # A system of record: every write in the AOF, fsynced each second; compact rewrites start
-        # with an RDB image. Snapshots as well, so a broken AOF still leaves a recent copy.
-        "appendonly yes", "appendfsync everysec", "aof-use-rdb-preamble yes",
-        "save 3600 1 300 100 60 10000",
+        # with an RDB image. An hourly snapshot as well, so a broken AOF still leaves a recent copy.
+        # Both fork and write the whole data set: on 2 cores a snapshot every minute or a rewrite
+        # every 64 MB of AOF took a core from the job under load (README, "Durability").
+        f"appendonly {'yes' if settings.redis_appendfsync != 'off' else 'no'}",
+        f"appendfsync {settings.redis_appendfsync if settings.redis_appendfsync != 'off' else 'everysec'}",
+        "aof-use-rdb-preamble yes", "auto-aof-rewrite-percentage 200", "auto-aof-rewrite-min-size 1gb",
+        f'save "{settings.redis_save}"',
         # Bounded memory: writers get an OOM error (the API answers 507), nothing is evicted.
         f"maxmemory {settings.redis_maxmemory}", "maxmemory-policy noeviction",
     ]) + "\n")
@@ -206,6 +210,12 @@ def status(settings: Settings) -> dict:
         rec = procs.alive_record(settings, n.name)
         node_status[n.port] = {"pid": rec.pid if rec else None,
                                "started_as": "master" if n.master_port is None else "replica"}
+        if rec is not None:
+            try:
+                mem = _client(n.port).info("memory")
+                node_status[n.port].update(used_memory=int(mem["used_memory"]), maxmemory=int(mem["maxmemory"]))
+            except redis.RedisError:
+                pass
     state = None
     for port, st in node_status.items():
         if st["pid"]:

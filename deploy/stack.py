@@ -42,7 +42,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
            "HERDFENCE_EMBEDDED_REDIS_PORT": str(settings.embedded_redis_port),
            "HERDFENCE_EMBEDDED_REDIS_MASTERS": str(settings.embedded_redis_masters),
            "HERDFENCE_BROKER_STORAGE": "disk" if settings.broker_durable else "memory",
-           "HERDFENCE_REDIS_MAXMEMORY": settings.redis_maxmemory}
+           "HERDFENCE_REDIS_MAXMEMORY": settings.redis_maxmemory,
+           "HERDFENCE_REDIS_APPENDFSYNC": settings.redis_appendfsync, "HERDFENCE_REDIS_SAVE": settings.redis_save}
     for var, value in (("HERDFENCE_KAFKA", settings.kafka), ("HERDFENCE_REDIS", settings.redis),
                        ("HERDFENCE_SPARK_MASTER", settings.spark_master)):
         if value:

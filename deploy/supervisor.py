@@ -33,9 +33,11 @@ def supervised(settings: Settings) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    max_attempts: int = 5          # consecutive failed restarts before giving up
+    # consecutive failed restarts before giving up: ~15 minutes of tries at the capped delay, so a
+    # job that cannot start while Redis or the broker is away comes back when they do
+    max_attempts: int = 20
     base_delay_s: float = 1.0      # 1, 2, 4, 8, ... seconds
-    max_delay_s: float = 60.0
+    max_delay_s: float = 45.0
     healthy_after_s: float = 120.0  # a process that ran this long resets the attempt budget
 
 

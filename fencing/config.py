@@ -155,6 +155,8 @@ class Settings:
     embedded_redis_port: int = DEFAULT_REDIS_PORT
     embedded_redis_masters: int = REDIS_MASTERS     # HERDFENCE_EMBEDDED_REDIS_MASTERS: any size >= 1
     redis_maxmemory: str = "4gb"    # HERDFENCE_REDIS_MAXMEMORY: per embedded node (noeviction beyond)
+    redis_appendfsync: str = "everysec"   # HERDFENCE_REDIS_APPENDFSYNC: everysec | always | no | off (no AOF)
+    redis_save: str = "3600 1"      # HERDFENCE_REDIS_SAVE: RDB snapshot rule ("" = none)
     broker_durable: bool = True     # HERDFENCE_BROKER_STORAGE: disk (default) | memory
     streams_per_farm: int = 100     # HERDFENCE_STREAMS_PER_FARM: live event streams per farm and API worker
     webhook_allow_private: bool = False   # HERDFENCE_WEBHOOK_ALLOW_PRIVATE=1: on-premise receivers
@@ -236,8 +238,23 @@ def load_settings(env: dict[str, str] | None = None) -> Settings:
         webhook_allow_private=flag(env, "HERDFENCE_WEBHOOK_ALLOW_PRIVATE", False),
         streams_per_farm=number(env, "HERDFENCE_STREAMS_PER_FARM", 100, 1, int),
         broker_durable=_broker_storage(env.get("HERDFENCE_BROKER_STORAGE") or "disk"),
+        redis_appendfsync=_choice("HERDFENCE_REDIS_APPENDFSYNC", env.get("HERDFENCE_REDIS_APPENDFSYNC") or "everysec",
+                                  ("everysec", "always", "no", "off")),
+        redis_save=_save_rule(env.get("HERDFENCE_REDIS_SAVE", "3600 1")),
         redis_maxmemory=_memory_size("HERDFENCE_REDIS_MAXMEMORY", env.get("HERDFENCE_REDIS_MAXMEMORY") or "4gb"),
     )
+
+
+def _choice(var: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value.strip().lower() not in allowed:
+        raise DeployError(f"{var}={value!r}: expected one of {', '.join(allowed)}")
+    return value.strip().lower()
+
+
+def _save_rule(value: str) -> str:
+    if not re.fullmatch(r"(\s*\d+\s+\d+)*\s*", value):
+        raise DeployError(f"HERDFENCE_REDIS_SAVE={value!r}: expected pairs of seconds and changes, e.g. '3600 1'")
+    return " ".join(value.split())
 
 
 def _broker_storage(value: str) -> bool:

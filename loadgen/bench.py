@@ -293,7 +293,8 @@ def _close_maps(live: dict) -> dict:
     posts = live["box"].get("posts", [])
     result = bench_sse.delays(received, posts, live["stream_devices"])
     return {"streams": live["streams"], "farms": live["farms"], "opened": live["first"].get("open"),
-            "refused": live["first"].get("failed"), "sentinel_posts": len(posts), **result,
+            "refused": live["first"].get("failed"), "refusals": live["first"].get("reasons", {}),
+            "sentinel_posts": len(posts), **result,
             "note": "delay = arrival at the stream − the POST of the reports that caused the event "
                     "(the job's micro-batch included)"}
 

@@ -14,6 +14,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -33,6 +34,7 @@ async def _hold(base_url: str, keys: list[str], seconds: float) -> None:
     limits = httpx.Limits(max_connections=len(keys) + 8, max_keepalive_connections=0)
     opened = 0
     failed = 0
+    reasons: dict[str, int] = {}
     all_open = asyncio.Event()
     out = sys.stdout
 
@@ -43,6 +45,9 @@ async def _hold(base_url: str, keys: list[str], seconds: float) -> None:
                 async with c.stream("GET", "/v1/events/stream", headers={"Authorization": f"Bearer {key}"}) as r:
                     opened += r.status_code == 200
                     failed += r.status_code != 200
+                    if r.status_code != 200:
+                        why = f"HTTP {r.status_code}: {(await r.aread())[:80].decode(errors='replace')}"
+                        reasons[why] = reasons.get(why, 0) + 1
                     if opened + failed == len(keys):
                         all_open.set()
                     if r.status_code != 200:
@@ -53,13 +58,14 @@ async def _hold(base_url: str, keys: list[str], seconds: float) -> None:
                             out.write(json.dumps({"s": i, "id": e["event_id"], "d": e["device_id"],
                                                   "t": time.time()}) + "\n")
                             out.flush()
-            except (httpx.HTTPError, asyncio.CancelledError):
+            except (httpx.HTTPError, asyncio.CancelledError) as err:
                 failed += 1
+                reasons[type(err).__name__] = reasons.get(type(err).__name__, 0) + 1
                 if opened + failed >= len(keys):
                     all_open.set()
         tasks = [asyncio.create_task(one(i, k)) for i, k in enumerate(keys)]
         await asyncio.wait_for(all_open.wait(), 120)
-        out.write(json.dumps({"open": opened, "failed": failed}) + "\n")
+        out.write(json.dumps({"open": opened, "failed": failed, "reasons": reasons}) + "\n")
         out.flush()
         await asyncio.sleep(seconds)
         for t in tasks:
@@ -69,12 +75,17 @@ async def _hold(base_url: str, keys: list[str], seconds: float) -> None:
 
 
 def start_holder(base_url: str, keys: list[str], seconds: float) -> tuple[subprocess.Popen, dict]:
-    """Start the holder process; returns it once every stream is open, with its first line."""
+    """Start the holder process; returns it once every stream is open, with its first line. A thread
+    drains its output from then on (a full pipe would block the holder's event loop)."""
     proc = subprocess.Popen([sys.executable, "-m", "loadgen.bench_sse", "hold", base_url, str(seconds)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     proc.stdin.write("\n".join(keys) + "\n")
     proc.stdin.close()
     first = json.loads(proc.stdout.readline() or "{}")
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    proc.lines, proc.reader = lines, reader          # type: ignore[attr-defined]
     return proc, first
 
 
@@ -82,11 +93,12 @@ def collect(proc: subprocess.Popen, grace_s: float = 5.0) -> list[Received]:
     """Give late events `grace_s` to arrive, stop the holder, read what it saw."""
     time.sleep(grace_s)
     proc.terminate()
+    proc.wait()
+    proc.reader.join(10)                              # type: ignore[attr-defined]
     out = []
-    for line in proc.stdout:
+    for line in proc.lines:                           # type: ignore[attr-defined]
         d = json.loads(line)
         out.append(Received(d["s"], d["id"], d["d"], d["t"]))
-    proc.wait()
     return out
 
 

@@ -74,6 +74,9 @@ def test_metrics_docs_and_rate_limit(stack):
     farm = Farm(stack)
     text = stack.client(None).get("/metrics").text
     assert "herdfence_reports_accepted_total" in text and "herdfence_job_up 1" in text
+    used = [line for line in text.splitlines() if line.startswith("herdfence_redis_used_memory_bytes{")]
+    assert len(used) == 3 and all(int(line.rsplit(" ", 1)[1]) > 0 for line in used), used
+    assert 'herdfence_redis_maxmemory_bytes{' in text
     spec = stack.client(None).get("/openapi.json").json()
     for path in ("/v1/fences", "/v1/fences/{fence_id}", "/v1/reports", "/v1/fences/{fence_id}/devices",
                  "/v1/query/within", "/v1/devices/{device_id}", "/v1/positions", "/v1/events",

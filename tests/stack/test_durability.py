@@ -6,6 +6,7 @@ every acknowledged report is processed exactly once; `backup` + `restore` give t
 One private stack for the module (it kills things), on ports of its own."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -94,6 +95,10 @@ def test_down_then_up_keeps_the_farm(dstack):
     farm, fence_id = _farm_with_events(dstack, "down-up", "du-cow")
     before = _snapshot(farm, "du-cow")
     assert before["fences"] == [fence_id] and [t for _, t in before["events"]] == ["enter", "exit"]
+    status = json.loads(dstack.cli("status", "--json"))
+    nodes = status["components"]["redis"]["nodes"]
+    assert all(n["used_memory"] > 0 and n["maxmemory"] == 4 * 1024 ** 3 for n in nodes.values()), nodes
+    assert status["components"]["supervisor"]["ok"] and status["components"]["broker"]["storage"] == "disk"
     dstack.cli("down")
     dstack.cli("up", "--detach", timeout=600)
     assert _snapshot(farm, "du-cow") == before
@@ -205,6 +210,23 @@ def test_503_with_retry_after_while_redis_is_down(dstack):
     wait_until(lambda: farm.api.get("/v1/fences", headers={"Cache-Control": "no-cache"}).status_code == 200, 90,
                what="the supervisor to bring Redis back")
     assert [e["type"] for e in farm.events(device_id="sd-cow")] == ["enter", "exit"]
+
+
+def test_507_when_redis_is_full_and_nothing_is_evicted(dstack):
+    farm, fence_id = _farm_with_events(dstack, "full store", "fs-cow")
+    node = dstack.redis.get_node_from_key(f"fences:{{{farm.farm_id}}}")
+    direct = dstack.redis.get_redis_connection(node)
+    limit = direct.config_get("maxmemory")["maxmemory"]
+    direct.config_set("maxmemory", "1mb")                   # far below what the node already holds
+    try:
+        resp = farm.api.post("/v1/fences", json={"type": "Feature", "properties": {"name": "more"},
+                                                 "geometry": square(8.7, 47.3)})
+        assert resp.status_code == 507 and int(resp.headers["retry-after"]) > 0, resp.text
+        assert "full" in resp.json()["detail"]
+        assert farm.api.get(f"/v1/fences/{fence_id}", headers={"Cache-Control": "no-cache"}).status_code == 200
+    finally:
+        direct.config_set("maxmemory", limit)
+    assert _snapshot(farm, "fs-cow")["fences"] == [fence_id]        # nothing was evicted
 
 
 def test_backup_restore_and_reset(dstack, tmp_path):
