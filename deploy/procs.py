@@ -257,17 +257,22 @@ def _wait_group_gone(pgid: int, timeout: float = 5.0) -> None:
         time.sleep(0.05)
 
 
-def _group_exists(pgid: int) -> bool:
-    """A live (non-zombie) process is still in the group. killpg(pgid, 0) would also count zombies
+def group_members(pgid: int) -> list[int]:
+    """The live (non-zombie) processes of a process group. killpg(pgid, 0) would also count zombies
     that another process (e.g. the pytest that started them) has not reaped yet."""
+    out = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_bytes().rsplit(b")", 1)[1].split()
         except (OSError, IndexError):
             continue
         if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            return True
-    return False
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _group_exists(pgid: int) -> bool:
+    return bool(group_members(pgid))
 
 
 def stop(settings: Settings, name: str, timeout: float = 10.0) -> bool:

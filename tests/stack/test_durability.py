@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy import procs
 from loadgen import http_writer
 from tests.chaoskit import Herd, alive, kill9, read_pid, wait_until
 from tests.conftest import HERDFENCE, OFFSET, ROOT, Stack
@@ -64,18 +65,6 @@ def _snapshot(farm: Farm, device_id: str) -> dict:
 def _group_pids(home: str) -> dict[str, int]:
     run = Path(home) / "run"
     return {p.stem: int(p.read_text()) for p in run.glob("*.pid")}
-
-
-def _alive_in_group(pgid: int) -> list[int]:
-    out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_bytes().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            out.append(int(stat.parent.name))
-    return out
 
 
 def _farm_with_events(stack: Stack, name: str, device_id: str) -> tuple[Farm, str]:
@@ -128,7 +117,7 @@ def test_kill9_of_every_process_while_reports_are_accepted(dstack):
             os.killpg(pgid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    wait_until(lambda: not any(_alive_in_group(g) for g in groups.values()), 20, what="everything to die")
+    wait_until(lambda: not any(procs.group_members(g) for g in groups.values()), 20, what="everything to die")
     dstack.cli("up", "--detach", timeout=600)
     writer.join(timeout=600)
     stats = stats_box["s"]
@@ -176,7 +165,7 @@ def test_supervisor_restarts_a_killed_redis_master_and_broker(dstack):
 def test_a_killed_api_master_takes_its_workers(dstack):
     home = dstack.env["HERDFENCE_HOME"]
     pgid = read_pid(home, "api")
-    workers = [p for p in _alive_in_group(pgid) if p != pgid]
+    workers = [p for p in procs.group_members(pgid) if p != pgid]
     assert workers, "the API runs uvicorn workers"
     supervisor = read_pid(home, "supervisor")
     os.kill(supervisor, signal.SIGSTOP)            # nobody cleans up for the workers
