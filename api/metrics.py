@@ -5,10 +5,9 @@ import bisect
 import time
 from dataclasses import dataclass, field
 
-import orjson
 
 from api import answers, invalidation
-from fencing.model import keys
+from fencing.model.heartbeat import read_heartbeat
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -91,31 +90,30 @@ def _redis_memory(redis) -> list[str]:
 
 def _job_metrics(redis) -> list[str]:
     try:
-        raw = redis.get(keys.JOB_HEARTBEAT)
+        beat = read_heartbeat(redis)
     except Exception:
         return ["herdfence_job_up 0"]
-    if not raw:
+    if beat is None:
         return ["herdfence_job_up 0"]
-    beat = orjson.loads(raw)
     gauges = {
-        "herdfence_job_last_batch_id": beat.get("batch_id", 0),
-        "herdfence_job_batch_seconds": beat.get("duration_s", 0),
-        "herdfence_job_batch_points": beat.get("points", 0),
-        "herdfence_job_lag_records": beat.get("lag", 0),
-        "herdfence_events_emitted_total": beat.get("events_total", 0),
-        "herdfence_dead_letters_total": beat.get("dead_letters_total", 0),
-        "herdfence_redis_calls_local_total": beat.get("redis_local_total", 0),
-        "herdfence_redis_calls_cross_node_total": beat.get("redis_cross_total", 0),
-        "herdfence_job_routing_version": beat.get("routing_version", 0),
-        "herdfence_reports_shed_total": beat.get("shed_total", 0),
-        "herdfence_job_points_total": beat.get("points_total", 0),
-        "herdfence_job_heartbeat_age_seconds": round(max(0.0, time.time() - beat.get("time", time.time())), 3),
+        "herdfence_job_last_batch_id": beat.batch_id,
+        "herdfence_job_batch_seconds": beat.duration_s,
+        "herdfence_job_batch_points": beat.points,
+        "herdfence_job_lag_records": beat.lag,
+        "herdfence_events_emitted_total": beat.events_total,
+        "herdfence_dead_letters_total": beat.dead_letters_total,
+        "herdfence_redis_calls_local_total": beat.redis_local_total,
+        "herdfence_redis_calls_cross_node_total": beat.redis_cross_total,
+        "herdfence_job_routing_version": beat.routing_version,
+        "herdfence_reports_shed_total": beat.shed_total,
+        "herdfence_job_points_total": beat.points_total,
+        "herdfence_job_heartbeat_age_seconds": round(max(0.0, time.time() - beat.time), 3),
     }
     out = ["herdfence_job_up 1"]
     for name, value in gauges.items():
         out += [f"# TYPE {name} gauge", f"{name} {value}"]
     out += ["# HELP herdfence_partition_points Points per routed partition in the last micro-batch.",
             "# TYPE herdfence_partition_points gauge"]
-    for part in beat.get("partitions", []):
-        out.append(f'herdfence_partition_points{{partition="{part.get("partition")}"}} {part.get("points", 0)}')
+    for part in beat.partitions:
+        out.append(f'herdfence_partition_points{{partition="{part.partition}"}} {part.points}')
     return out

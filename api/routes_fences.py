@@ -71,8 +71,13 @@ def create_device(request: Request, body: dict = Body(..., examples=[{"device_id
     herd = body.get("herd")
     if herd is not None and (not isinstance(herd, str) or not tenancy.HERD.match(herd)):
         raise unprocessable("herd must be a string of at most 64 letters, digits, spaces or . _ : -")
-    token = tenancy.register_device(request.app.state.redis, who.farm_id, device_id, herd, with_token=True)
-    return {"device_id": device_id, "herd": herd, "token": token}
+    redis = request.app.state.redis
+    token = tenancy.register_device(redis, who.farm_id, device_id, herd, with_token=True)
+    # Another farm registered this id first: gateway records without farm_id go to that farm, so
+    # this farm's gateways must name it (README: Kafka gateways and farms)
+    owner = tenancy.bare_id_owner(redis, device_id)
+    return {"device_id": device_id, "herd": herd, "token": token,
+            "gateway_must_send_farm_id": owner != who.farm_id, "farm_id": who.farm_id}
 
 
 @router.delete("/devices/{device_id}/token", status_code=204,

@@ -56,6 +56,7 @@ def revoke_device_token(redis, farm_id: str, device_id: str) -> bool:
 
 
 def register_device(redis, farm_id: str, device_id: str, herd: str | None, with_token: bool) -> str | None:
+    """Register (or update) a device; returns its new token when `with_token`."""
     """Register (or re-register) a device in a farm; returns a new device token when asked for one."""
     token = new_secret("hfd") if with_token else None
     existing = redis.hget(keys.farm_devices(farm_id), device_id)
@@ -75,12 +76,25 @@ def register_device(redis, farm_id: str, device_id: str, herd: str | None, with_
 
 
 def _add_to_registry(redis, farm_id: str, device_id: str) -> None:
-    # The job maps a report's device id to its farm; ids shared by farms need farm_id in the report.
     current = redis.hget(keys.DEVICE_REGISTRY, device_id)
-    farms = set(current.split(",")) if current else set()
-    if farm_id not in farms:
-        farms.add(farm_id)
-        redis.hset(keys.DEVICE_REGISTRY, device_id, ",".join(sorted(farms)))
+    joined = registry_with(current, farm_id)
+    if joined != current:
+        redis.hset(keys.DEVICE_REGISTRY, device_id, joined)
+
+
+def registry_with(current: str | None, farm_id: str) -> str:
+    """The device registry's entry (the farms that registered the id, in registration order) with
+    `farm_id` added last. Order matters: the first farm owns the bare id (a Kafka record without
+    farm_id goes to it, fencing.stream.prepare); a later farm that registers the same id cannot take
+    or break that farm's feed, and its own gateways must name their farm."""
+    farms = current.split(",") if current else []
+    return current if farm_id in farms else ",".join([*farms, farm_id])
+
+
+def bare_id_owner(redis, device_id: str) -> str | None:
+    """The farm a Kafka record without farm_id for this device goes to (the first to register it)."""
+    current = redis.hget(keys.DEVICE_REGISTRY, device_id)
+    return current.split(",")[0] if current else None
 
 
 def device_record(redis, farm_id: str, device_id: str) -> dict | None:
@@ -147,9 +161,7 @@ def register_devices_bulk(redis, devices, with_tokens: bool = False, chunk: int 
                     pipe.set(keys.devtoken(record["token_hash"]), f"{farm_id}\t{device_id}")
                     tokens[device_id] = token
                 mapping[device_id] = orjson.dumps(record)
-                farms = set(registry[device_id].split(",")) if registry.get(device_id) else set()
-                farms.add(farm_id)
-                registry[device_id] = ",".join(sorted(farms))
+                registry[device_id] = registry_with(registry.get(device_id), farm_id)
             pipe.hset(keys.farm_devices(farm_id), mapping=mapping)
         pipe.hset(keys.DEVICE_REGISTRY, mapping={d: registry[d] for d in ids})
         pipe.execute()

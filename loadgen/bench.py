@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fencing.model.heartbeat import Heartbeat
 from loadgen.bench_stack import bench_stack, machine, say
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +107,7 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
 
     seconds = (t_done - t_first) if t_done else None
     processed = (handled(sampler.beats[-1]) - base) if sampler.beats else 0
-    shed = sum(int(b.get("shed", 0)) for b in sampler.beats)     # dropped by load shedding (never event-relevant)
+    shed = sum(b.shed for b in sampler.beats)     # dropped by load shedding (never event-relevant)
     pps = points / seconds if seconds else 0.0
 
     # latency: match each event to the report that confirmed it (device, ts)
@@ -133,7 +134,7 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
     rec = reconcile(expected, obs)
 
     beats = sampler.beats
-    in_run = [b for b in beats if b.get("points", 0) > 0]
+    in_run = [b for b in beats if b.points > 0]
     out = {
         "fences": fences, "points": points, "devices": devices,
         "points_per_s": round(pps, 1),
@@ -168,7 +169,7 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
                         f"p99 {out['event_latency_ms']['p99']} ms "
                         f"({machine()['cores']} cores)")
         # heartbeats, for profiling (per-partition stats per batch)
-        Path(_png_for(json_path).with_suffix(".beats.json")).write_text(json.dumps(beats))
+        Path(_png_for(json_path).with_suffix(".beats.json")).write_text(json.dumps([b.to_dict() for b in beats]))
     return out
 
 
@@ -180,12 +181,12 @@ def _produce_curve(sent_at_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return grid, np.searchsorted(s, grid, side="right").astype(float)
 
 
-def _batch_summary(beats: list[dict]) -> dict:
+def _batch_summary(beats: list[Heartbeat]) -> dict:
     if not beats:
         return {}
-    d = np.array([b.get("duration_s", 0) for b in beats])
-    p = np.array([b.get("points", 0) for b in beats])
-    part = [s.get("seconds", 0) for b in beats for s in b.get("partitions", [])]
+    d = np.array([b.duration_s for b in beats])
+    p = np.array([b.points for b in beats])
+    part = [s.seconds for b in beats for s in b.partitions]
     return {"mean": round(float(d.mean()), 3), "max": round(float(d.max()), 3),
             "points_mean": round(float(p.mean()), 1), "points_max": int(p.max()),
             "task_seconds_mean": round(float(np.mean(part)), 3) if part else None}

@@ -13,6 +13,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from fencing.model import keys
+from fencing.model.heartbeat import Heartbeat, read_heartbeat
 from loadgen.bench_stack import say
 from loadgen.herd import Simulation
 
@@ -85,9 +86,6 @@ def load_simulation(redis, sim: Simulation, progress: bool = True) -> Loaded:
 
 
 # --- heartbeat ----------------------------------------------------------------------------------
-def read_heartbeat(redis) -> dict | None:
-    raw = redis.get(keys.JOB_HEARTBEAT)
-    return orjson.loads(raw) if raw else None
 
 
 class HeartbeatSampler(threading.Thread):
@@ -96,9 +94,9 @@ class HeartbeatSampler(threading.Thread):
     def __init__(self, redis, interval: float = 0.1):
         super().__init__(daemon=True)
         self.redis, self.interval = redis, interval
-        self.beats: list[dict] = []
+        self.beats: list[Heartbeat] = []
         self._halt = threading.Event()
-        self.latest: dict | None = None
+        self.latest: Heartbeat | None = None
 
     def run(self) -> None:
         seen = None
@@ -109,8 +107,8 @@ class HeartbeatSampler(threading.Thread):
                 beat = None
             if beat is not None:
                 self.latest = beat
-                if beat.get("batch_id") != seen:
-                    seen = beat.get("batch_id")
+                if beat.batch_id != seen:
+                    seen = beat.batch_id
                     self.beats.append(beat)
             self._halt.wait(self.interval)
 
@@ -119,10 +117,10 @@ class HeartbeatSampler(threading.Thread):
         self.join(5)
 
 
-def handled(beat: dict) -> int:
+def handled(beat: Heartbeat | None) -> int:
     """Reports the job is done with: processed, or shed under load (elastic load shedding drops only
     reports that cannot change any fence state; they are counted apart, not lost)."""
-    return int(beat.get("points_total", 0)) + int(beat.get("shed_total", 0))
+    return beat.handled_total if beat is not None else 0
 
 
 def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_timeout_s: float = 180.0,
@@ -134,7 +132,7 @@ def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_t
     from loadgen.kafka_writer import write_reports
 
     redis = stack.redis
-    base = handled(read_heartbeat(redis) or {})
+    base = handled(read_heartbeat(redis))
     sampler = HeartbeatSampler(redis)
     sampler.start()
     target = base + len(reports)
@@ -145,14 +143,14 @@ def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_t
     done_at = None
     last_progress, last_total = time.time(), base
     while True:
-        beat = sampler.latest or {}
+        beat = sampler.latest
         total = handled(beat)
         if total < last_total:       # the job restarted: its counters began again
             say("the job's counters went backwards (restart?); counting from the new total")
             base, target = total - (last_total - base), total - (last_total - base) + len(reports)
         bar.update(max(0, min(total, target) - base - bar.n))
         if total >= target:
-            done_at = float(beat.get("time", time.time()))
+            done_at = beat.time
             break
         if total != last_total:
             last_progress = time.time()

@@ -21,6 +21,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from fencing.model.heartbeat import Heartbeat, read_heartbeat, recent_heartbeats
+
 # Redis 16101-16103 (cluster bus +10000 = 26101-26103): clear of `bench fences` (11101.., bus 21101..) and
 # below the ephemeral range, so neither can take the other's port.
 SKEW_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "21092", "HERDFENCE_EMBEDDED_REDIS_PORT": "16101",
@@ -34,16 +36,14 @@ def _say(msg: str) -> None:
 # --- status ----------------------------------------------------------------------------------------
 def status(redis) -> dict:
     from fencing.elastic import controller as elastic, routing
-    from fencing.model import keys
     table = routing.load(redis)
     raw = redis.get(elastic.STATUS_KEY)
-    beat = redis.get(keys.JOB_HEARTBEAT)
-    beat = orjson.loads(beat) if beat else {}
+    beat = read_heartbeat(redis) or Heartbeat(batch_id=-1, time=0.0)
     return {"routing": {**table.spec(), "nodes": list(table.nodes)},
             "controller": orjson.loads(raw) if raw else None,
-            "last_batch": {k: beat.get(k) for k in ("batch_id", "points", "duration_s", "lag", "shed_total",
-                                                    "routing_version")},
-            "partition_points": [p.get("points", 0) for p in beat.get("partitions", [])]}
+            "last_batch": {k: getattr(beat, k) for k in ("batch_id", "points", "duration_s", "lag", "shed_total",
+                                                         "routing_version")},
+            "partition_points": [p.points for p in beat.partitions]}
 
 
 # --- the scenario ----------------------------------------------------------------------------------
@@ -82,20 +82,15 @@ def register(redis, devices: dict[str, str]) -> None:
     pipe.execute()
 
 
-def beats_since(redis, batch_id: int) -> list[dict]:
-    from fencing.model import keys
-    raws = redis.lrange(keys.JOB_HEARTBEAT + ":log", 0, -1)
-    beats = [orjson.loads(r) for r in raws]
-    return sorted((b for b in beats if b["batch_id"] > batch_id), key=lambda b: b["batch_id"])
+def beats_since(redis, batch_id: int) -> list[Heartbeat]:
+    return sorted((b for b in recent_heartbeats(redis) if b.batch_id > batch_id), key=lambda b: b.batch_id)
 
 
-def last_beat(redis) -> dict:
-    from fencing.model import keys
-    raw = redis.get(keys.JOB_HEARTBEAT)
-    return orjson.loads(raw) if raw else {"batch_id": -1, "points_total": 0, "shed_total": 0}
+def last_beat(redis) -> Heartbeat:
+    return read_heartbeat(redis) or Heartbeat(batch_id=-1, time=0.0)
 
 
-def stream_and_wait(redis, bootstrap: str, df: pd.DataFrame, rate: float, timeout: float) -> tuple[dict, dict]:
+def stream_and_wait(redis, bootstrap: str, df: pd.DataFrame, rate: float, timeout: float) -> tuple[Heartbeat, Heartbeat]:
     """Produce df at `rate` rows/s and wait until the job processed all of it; (beat before, after)."""
     from loadgen.kafka_writer import write_reports
     before = last_beat(redis)
@@ -103,11 +98,11 @@ def stream_and_wait(redis, bootstrap: str, df: pd.DataFrame, rate: float, timeou
     writer = threading.Thread(target=lambda: result.setdefault(
         "stats", write_reports(bootstrap, df, rate=rate, progress=False)), daemon=True)
     writer.start()
-    want = before.get("points_total", 0) + before.get("shed_total", 0) + len(df)
+    want = before.handled_total + len(df)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         beat = last_beat(redis)
-        if not writer.is_alive() and beat.get("points_total", 0) + beat.get("shed_total", 0) >= want:
+        if not writer.is_alive() and beat.handled_total >= want:
             return before, beat
         time.sleep(0.5)
     raise RuntimeError(f"the job did not process the {len(df)} reports within {timeout:.0f} s")
@@ -258,7 +253,7 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
         _say(f"streaming {len(reports)} skewed reports at {rate:.0f}/s")
         main_before, main_after = stream_and_wait(redis, settings.kafka_bootstrap, reports, rate, timeout)
         windows = [orjson.loads(r) for r in redis.lrange(elastic.HISTORY_KEY, 0, -1)][::-1]
-        windows = [w for w in windows if main_before["batch_id"] < w["end_batch"] <= main_after["batch_id"]]
+        windows = [w for w in windows if main_before.batch_id < w["end_batch"] <= main_after.batch_id]
         # decisions: the status holds the stall figures (filled in one beat later), the list holds them all
         ctl = orjson.loads(redis.get(elastic.STATUS_KEY) or b"{}")
         stall = {d["version"]: d.get("stall_ms") for d in ctl.get("decisions", []) if "step" in d}
@@ -272,7 +267,7 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
                 d["stall_ms"] = stall[d["version"]]
                 d["stall_ms_batch"] = stall_batch.get(d["version"])
         decisions = [d for d in decisions if "step" in d
-                     and main_before["batch_id"] < d.get("batch_id", main_before["batch_id"] + 1)]
+                     and main_before.batch_id < d.get("batch_id", main_before.batch_id + 1)]
 
         # aligned vs unaligned on the same load, controller paused
         redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": False}))
@@ -289,8 +284,8 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
             all_farm.update(farms)
             all_reports.append(load)
             before, after = stream_and_wait(redis, settings.kafka_bootstrap, load, rate * 2, timeout)
-            calls[mode] = {"local": after["redis_local_total"] - before["redis_local_total"],
-                           "cross": after["redis_cross_total"] - before["redis_cross_total"]}
+            calls[mode] = {"local": after.redis_local_total - before.redis_local_total,
+                           "cross": after.redis_cross_total - before.redis_cross_total}
         _say(f"redis calls {calls}")
 
         expected = expected_events(pd.concat(all_reports, ignore_index=True), fences, all_farm)
@@ -302,8 +297,8 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
         stalls = [d.get("stall_ms") if d.get("stall_ms") is not None else d.get("execute_ms") for d in decisions]
         stalls_batch = [d.get("stall_ms_batch") for d in decisions if d.get("stall_ms_batch") is not None]
         # context for the stall: how much micro-batch durations vary anyway on this machine
-        durations = [b.get("duration_s", 0.0) for b in beats_since(redis, main_before["batch_id"])
-                     if b["batch_id"] <= main_after["batch_id"] and b.get("points")]
+        durations = [b.duration_s for b in beats_since(redis, main_before.batch_id)
+                     if b.batch_id <= main_after.batch_id and b.points]
         result = {
             "partitions": routing.load(redis).partitions,
             "steps_to_balance": summary["steps_to_balance"],
@@ -330,7 +325,7 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
             "moves_total": sum(d.get("n_moves", 0) for d in decisions),
             "moves_reverted": moves_reverted(decisions),
             "slots_migrated": sum(len(d.get("slots", [])) for d in decisions),
-            "redis_calls": calls, "shed_total": main_after.get("shed_total", 0),
+            "redis_calls": calls, "shed_total": main_after.shed_total,
             "max_over_mean_timeline": [w["imbalance"] for w in windows],
             "step_timeline": [w["step"] for w in windows],
             "window_points": [w["points"] for w in windows],

@@ -15,13 +15,13 @@ def _plt():
     return plt
 
 
-def push_plot(path: str | Path, beats: list[dict], t0: float, base: int, latencies_ms: np.ndarray,
+def push_plot(path: str | Path, beats: list, t0: float, base: int, latencies_ms: np.ndarray,
               produced: tuple[np.ndarray, np.ndarray] | None, title: str) -> None:
     """Left: points/s per heartbeat interval (and the producer's rate); right: event latency CDF."""
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     if len(beats) >= 1:
-        t = np.r_[0.0, np.array([b["time"] for b in beats]) - t0]
+        t = np.r_[0.0, np.array([b.time for b in beats]) - t0]
         pts = np.r_[0.0, np.array([handled(b) for b in beats], dtype=float) - base]
         rate = np.diff(pts) / np.maximum(np.diff(t), 1e-3)
         ax1.step(t[1:], rate / 1e3, where="pre", label="processed by the job (heartbeats)")

@@ -29,6 +29,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from fencing.model.heartbeat import Heartbeat, read_heartbeat
+
 from loadgen.herd import SimConfig, simulate
 from loadgen.records import Pacer
 from loadgen.truth import expected_events, reconcile
@@ -166,9 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     ids = sorted(reports["device_id"].unique())
     tenancy.register_devices_bulk(redis, [(farm_id, d, "north") for d in ids])
 
-    def beat() -> dict:
-        raw = redis.get("job:heartbeat")
-        return json.loads(raw) if raw else {}
+    def beat() -> Heartbeat:
+        return read_heartbeat(redis) or Heartbeat(batch_id=-1, time=0.0, lag=1)
 
     laps_total = 1000
     pusher = Pusher(api, key, reports, args.batch, args.workers)
@@ -176,9 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     capacity = args.capacity
     if capacity is None:
         print(f"probe: pushing as fast as possible for {args.probe_seconds:.0f} s", file=sys.stderr)
-        b0, s0, t0 = beat().get("points_total", 0), pusher.sent, time.monotonic()
+        b0, s0, t0 = beat().points_total, pusher.sent, time.monotonic()
         time.sleep(args.probe_seconds)
-        b1, s1, t1 = beat().get("points_total", 0), pusher.sent, time.monotonic()
+        b1, s1, t1 = beat().points_total, pusher.sent, time.monotonic()
         api_rate, job_rate = (s1 - s0) / (t1 - t0), max(0, b1 - b0) / (t1 - t0)
         capacity = min(api_rate, job_rate) if job_rate > 0 else api_rate
         print(f"probe: API accepted {api_rate:.0f}/s, job processed {job_rate:.0f}/s", file=sys.stderr)
@@ -192,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     while time.time() < end:
         time.sleep(5)
         b = beat()
-        samples.append({"t": round(time.time() - start, 1), "lag": b.get("lag"), "points_total": b.get("points_total"),
-                        "batch_s": b.get("duration_s"), "rss_job_mb": _rss_mb(_pid(settings, "job")),
+        samples.append({"t": round(time.time() - start, 1), "lag": b.lag, "points_total": b.points_total,
+                        "batch_s": b.duration_s, "rss_job_mb": _rss_mb(_pid(settings, "job")),
                         "rss_api_mb": _rss_mb(_pid(settings, "api")), "sent": pusher.sent})
         print(f"soak {samples[-1]}", file=sys.stderr)
     pusher.stop.set()
@@ -212,9 +213,9 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.time() + 300
     while time.time() < deadline:
         b = beat()
-        if b.get("lag", 1) == 0 and time.time() - b.get("time", 0) < 5:
+        if b.lag == 0 and time.time() - b.time < 5:
             time.sleep(3)
-            if beat().get("lag", 1) == 0:
+            if beat().lag == 0:
                 drained = True
                 break
         time.sleep(2)

@@ -5,7 +5,6 @@ Only processes recorded in the stack's HERDFENCE_HOME/run/*.pid are ever signall
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import signal
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pandas as pd
 
+from fencing.model.heartbeat import Heartbeat, read_heartbeat
 from loadgen.herd import SimConfig, simulate
 from loadgen.truth import expected_events, reconcile
 
@@ -144,6 +144,5 @@ class Herd:
         return result
 
 
-def heartbeat(redis) -> dict:
-    raw = redis.get("job:heartbeat")
-    return json.loads(raw) if raw else {}
+def heartbeat(redis) -> Heartbeat | None:
+    return read_heartbeat(redis)

@@ -67,3 +67,38 @@ class Farm:
         from fencing.model.timeutil import iso
         return wait_for(lambda: (lambda d: d if d.get("ts") == iso(ts) else None)(
             self.api.get(f"/v1/devices/{device_id}").json()), timeout=timeout, what=f"{device_id} at {ts}")
+
+
+def dead_letters_matching(stack: Stack, marker: str, count: int, timeout: float = 60) -> list[dict]:
+    """The dead letters on `gps.reports.dlq` whose original record contains `marker` (as text or in
+    its base64 form), once there are `count` of them; read from the start of the topic."""
+    import base64
+    import json
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    def text(letter: dict) -> str:
+        raw = letter.get("raw", "")
+        try:
+            return raw + base64.b64decode(raw, validate=True).decode("latin-1")
+        except ValueError:
+            return raw
+
+    consumer = Consumer({"bootstrap.servers": stack.kafka_bootstrap, "group.id": f"dlq-{marker}-{time.time_ns()}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    consumer.assign([TopicPartition("gps.reports.dlq", 0, 0)])
+    letters: list[dict] = []
+
+    def enough() -> list[dict] | None:
+        msg = consumer.poll(0.5)
+        while msg is not None:
+            if not msg.error():
+                letter = json.loads(msg.value())
+                if marker in text(letter):
+                    letters.append(letter)
+            msg = consumer.poll(0.1)
+        return letters if len(letters) >= count else None
+    try:
+        return wait_for(enough, timeout=timeout, interval=0.1, what=f"{count} dead letters with {marker}")
+    finally:
+        consumer.close()

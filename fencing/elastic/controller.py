@@ -23,6 +23,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -33,6 +34,7 @@ import orjson
 import pyarrow as pa
 
 from fencing.model import keys
+from fencing.model.heartbeat import Heartbeat, PartitionStats
 from fencing.elastic import routing, slots
 from fencing.config import TUNING
 
@@ -232,7 +234,7 @@ class Controller:
     def __init__(self, redis, config: ElasticConfig | None = None):
         self.redis = redis
         self.fixed_config = config
-        self.beats: list[dict] = []
+        self.beats: list[Heartbeat] = []
         self.over = 0
         self.since_action = 10 ** 6
         self.steps = 0
@@ -247,33 +249,33 @@ class Controller:
     def config(self) -> ElasticConfig:
         return self.fixed_config or ElasticConfig.load(self.redis)
 
-    def __call__(self, beat: dict) -> None:
+    def __call__(self, beat: Heartbeat) -> None:
         try:
             self.observe(beat)
         except Exception:   # noqa: BLE001 - the controller must never fail the query
             log.exception("elastic controller step failed")
 
-    def observe(self, beat: dict) -> None:
+    def observe(self, beat: Heartbeat) -> None:
         cfg = self.config()
-        self.shed_total += sum(int(p.get("shed", 0)) for p in beat.get("partitions", []))
-        if self.pending_stall is not None and beat.get("routing_version") == self.pending_stall["version"]:
+        self.shed_total += sum(p.shed for p in beat.partitions)
+        if self.pending_stall is not None and beat.routing_version == self.pending_stall["version"]:
             # the first batch on the new routing. Stall = the controller's execute time (no batch runs
             # meanwhile) + the slowest task's reload of the moved groups' fences (measured in the task).
             # For comparison, the batch-level estimate: its extra time over the median batch (noisy on a
             # shared machine: it includes ordinary batch-to-batch variation)
-            reload_s = max((float(p.get("reload_s", 0.0)) for p in beat.get("partitions", [])), default=0.0)
+            reload_s = max((p.reload_s for p in beat.partitions), default=0.0)
             normal = float(np.median(self.batch_seconds)) if self.batch_seconds else 0.0
-            extra = max(0.0, float(beat.get("duration_s", 0)) - normal)
+            extra = max(0.0, beat.duration_s - normal)
             self.pending_stall["stall_ms"] = round(self.pending_stall["execute_ms"] + 1000 * reload_s, 1)
             self.pending_stall["stall_ms_batch"] = round(self.pending_stall["execute_ms"] + 1000 * extra, 1)
             self.redis.hset(STALLS_KEY, str(self.pending_stall["version"]), orjson.dumps(
                 {"stall_ms": self.pending_stall["stall_ms"], "stall_ms_batch": self.pending_stall["stall_ms_batch"]}))
             self.pending_stall = None
-        elif beat.get("points"):
-            self.batch_seconds.append(float(beat.get("duration_s", 0)))
-        if beat.get("points"):
+        elif beat.points:
+            self.batch_seconds.append(beat.duration_s)
+        if beat.points:
             self.beats.append(beat)
-        pts = sum(b.get("points", 0) for b in self.beats)
+        pts = sum(b.points for b in self.beats)
         if pts < cfg.min_points and len(self.beats) < cfg.max_beats:
             self._status(cfg)
             return
@@ -291,32 +293,32 @@ class Controller:
         self.redis.ltrim(HISTORY_KEY, 0, HISTORY_MAX - 1)
         self._status(cfg)
 
-    def _window(self, beats: list[dict], last: dict) -> Window:
-        n = max((len(b.get("partitions", [])) for b in beats), default=0)
+    def _window(self, beats: list[Heartbeat], last: Heartbeat) -> Window:
+        n = max((len(b.partitions) for b in beats), default=0)
         pts, secs = [0] * n, [0.0] * n
         groups: dict[str, float] = {}
         children: dict[str, dict[str, float]] = {}
         local = cross = shed = 0
         for b in beats:
-            for s in b.get("partitions", []):
-                p = s["partition"]
+            for s in b.partitions:
+                p = s.partition
                 if p < n:
-                    pts[p] += s.get("points", 0)
-                    secs[p] += s.get("seconds", 0.0)
+                    pts[p] += s.points
+                    secs[p] += s.seconds
                 # group loads as routed (a device's reports count for the group of its last report)
-                for g, x in (s.get("route_groups") or s.get("groups") or {}).items():
+                for g, x in (s.route_groups or s.groups).items():
                     groups[g] = groups.get(g, 0.0) + x
-                for g, ch in (s.get("children") or {}).items():
+                for g, ch in s.children.items():
                     into = children.setdefault(g, {})
                     for c, x in ch.items():
                         into[c] = into.get(c, 0.0) + x
-                local += s.get("redis_local", 0)
-                cross += s.get("redis_cross", 0)
-                shed += s.get("shed", 0)
-        return Window(beats[0]["batch_id"], beats[-1]["batch_id"], last.get("time", time.time()),
+                local += s.redis_local
+                cross += s.redis_cross
+                shed += s.shed
+        return Window(beats[0].batch_id, beats[-1].batch_id, last.time or time.time(),
                       sum(pts), pts, [round(x, 3) for x in secs], groups, children,
-                      int(last.get("routing_version", 0)), local, cross, shed, int(last.get("lag", 0) or 0),
-                      min(int(b.get("routing_version", 0)) for b in beats))
+                      last.routing_version, local, cross, shed, last.lag,
+                      min(b.routing_version for b in beats))
 
     def analyze_and_act(self, window: Window, cfg: ElasticConfig) -> dict | None:
         self.since_action += 1
@@ -567,11 +569,8 @@ def elastic_process(ctx, batches):
         if len(stats_rows):
             payload = out.column(1).to_pylist()
             for i in stats_rows.tolist():
-                stats = orjson.loads(payload[i])
-                stats["children"] = children
-                stats["route_groups"] = route_groups
-                stats["reload_s"] = round(reload_s, 4)
-                stats["shed"] = shed
-                payload[i] = orjson.dumps(stats).decode()
+                stats = dataclasses.replace(PartitionStats.from_json(payload[i]), children=children,
+                                            route_groups=route_groups, reload_s=round(reload_s, 4), shed=shed)
+                payload[i] = stats.to_json()
             out = pa.RecordBatch.from_arrays([out.column(0), pa.array(payload, pa.string())], schema=out.schema)
         yield out

@@ -45,6 +45,7 @@ FENCE_GROUPS = "fencegroups"         # set of cell groups that hold (or held) fe
 DEVICE_REGISTRY = "devreg"          # hash device_id -> farm_id ("," joined when several farms use it)
 ROUTING = "routing"                  # string JSON routing table {"version", "routes": {group: partition}}
 JOB_HEARTBEAT = "job:heartbeat"      # hash: last batch id, time, batch stats (JSON)
+JOB_HEARTBEAT_LOG = "job:heartbeat:log"   # list: the last heartbeats, newest first
 APIKEY = "apikey:{}"                 # apikey:<sha256 hex> -> farm_id
 DEVTOKEN = "devtoken:{}"             # devtoken:<sha256 hex> -> "farm_id\tdevice_id"
 SINK_DONE = "sinkdone:{}"            # sinkdone:<batch_id> -> "1" once the batch's driver-side sinks ran

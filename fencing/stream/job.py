@@ -21,9 +21,9 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from fencing.config import TOPIC_REPORTS, Settings, load_settings
-from fencing.model import keys
 from fencing.elastic import routing
 from fencing.model.fence_store import DELETED_FENCES
+from fencing.model.heartbeat import Heartbeat, PartitionStats, ReaderTiming
 from fencing.stream.prepare import unpack
 from fencing.stream.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
     ProcessContext, process_partition
@@ -87,41 +87,40 @@ class BatchProcessor:
             return payloads.filter(pa.array(kinds == kind)).to_pylist()
         events = [orjson.loads(p) for p in rows_of(OUT_KIND_EVENT)]
         dead, pings = rows_of(OUT_KIND_DEAD), rows_of(OUT_KIND_PING)
-        stats = [orjson.loads(p) for p in rows_of(OUT_KIND_STATS)]
-        readers = [orjson.loads(p) for p in rows_of(OUT_KIND_READ)]
+        stats = [PartitionStats.from_json(p) for p in rows_of(OUT_KIND_STATS)]
+        readers = [ReaderTiming.from_json(p) for p in rows_of(OUT_KIND_READ)]
         self.sinks.write(f"{self.run_id}:{batch_id}", events, dead, pings)
-        timing = {"spark_s": round(spark_s, 3), "sinks_s": round(time.time() - started - spark_s, 3),
-                  "readers": readers}
-        self._heartbeat(batch_id, table.version, started, events, dead, stats, timing)
+        self._heartbeat(batch_id, table.version, started, events, dead, stats, readers,
+                        spark_s=spark_s, sinks_s=time.time() - started - spark_s)
         self.last_batch_end = time.time()
 
-    def _heartbeat(self, batch_id, routing_version, started, events, dead, stats, timing=None) -> None:
-        points = sum(s.get("points", 0) for s in stats)
+    def _heartbeat(self, batch_id: int, routing_version: int, started: float, events: list, dead: list,
+                   stats: list[PartitionStats], readers: list[ReaderTiming], spark_s: float = 0.0,
+                   sinks_s: float = 0.0) -> None:
+        points = sum(s.points for s in stats)
+        shed = sum(s.shed for s in stats)
         self.totals["events"] += len(events)
         self.totals["dead"] += len(dead)
         self.totals["points"] += points
-        self.totals["redis_local"] += sum(s.get("redis_local", 0) for s in stats)
-        self.totals["redis_cross"] += sum(s.get("redis_cross", 0) for s in stats)
-        shed = sum(s.get("shed", 0) for s in stats)
+        self.totals["redis_local"] += sum(s.redis_local for s in stats)
+        self.totals["redis_cross"] += sum(s.redis_cross for s in stats)
         self.totals["shed"] += shed
         progress = self._last_progress()
-        beat = {"batch_id": batch_id, "time": time.time(), "duration_s": round(time.time() - started, 3),
-                "points": points, "events": len(events), "dead_letters": len(dead),
-                "routing_version": routing_version, "partitions": sorted(stats, key=lambda s: s["partition"]),
-                "events_total": self.totals["events"], "dead_letters_total": self.totals["dead"],
-                "points_total": self.totals["points"], "redis_local_total": self.totals["redis_local"],
-                "redis_cross_total": self.totals["redis_cross"], "shed": shed, "shed_total": self.totals["shed"],
-                "lag": self._lag(progress),
-                # Spark's breakdown of the previous trigger (latestOffset, queryPlanning, addBatch = our
-                # foreachBatch, walCommit, commitOffsets): what a batch costs outside the tasks
-                "previous_trigger_ms": dict(progress[0].get("durationMs") or {}) if progress else {},
-                **(timing or {})}
-        self.redis.set(keys.JOB_HEARTBEAT, orjson.dumps(beat))
-        self.redis.lpush(keys.JOB_HEARTBEAT + ":log", orjson.dumps(beat))   # recent beats (elastic scenario)
-        self.redis.ltrim(keys.JOB_HEARTBEAT + ":log", 0, 4999)
+        beat = Heartbeat(
+            batch_id=batch_id, time=time.time(), duration_s=round(time.time() - started, 3), points=points,
+            events=len(events), dead_letters=len(dead), routing_version=routing_version,
+            partitions=sorted(stats, key=lambda s: s.partition),
+            events_total=self.totals["events"], dead_letters_total=self.totals["dead"],
+            points_total=self.totals["points"], redis_local_total=self.totals["redis_local"],
+            redis_cross_total=self.totals["redis_cross"], shed=shed, shed_total=self.totals["shed"],
+            lag=self._lag(progress),
+            # Spark's breakdown of the previous trigger (latestOffset, queryPlanning, addBatch = our
+            # foreachBatch, walCommit, commitOffsets): what a batch costs outside the tasks
+            previous_trigger_ms=dict(progress[0].get("durationMs") or {}) if progress else {},
+            spark_s=round(spark_s, 3), sinks_s=round(sinks_s, 3), readers=readers)
+        beat.write(self.redis)
         if self.observer is not None:
             self.observer(beat)
-
 
     def _last_progress(self) -> list[dict]:
         """The active queries' last progress reports (one py4j round trip each, read once per beat)."""

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from fencing.config import TOPIC_REPORTS
 from fencing.model import keys
 from fencing.model.geometry import group_names
+from fencing.model.heartbeat import ReaderTiming
 from fencing.model.h3util import cells_for_points
 from fencing.model.redis_conn import cluster
 from fencing.elastic.routing import RoutingTable, buckets_of, device_runs
@@ -51,24 +52,38 @@ class PrepareContext:
 
 # why a report's farm cannot be resolved from the device registry (index = code; 0 = resolved)
 FARM_REASONS = (None, "unknown device_id: register it with POST /v1/devices",
-                "device_id is registered in several farms: include farm_id in the report")
+                "device_id is not registered in the farm the report names (farm_id)")
 
 
 def _resolve_farms(redis, table: pa.Table) -> tuple[pa.Array, np.ndarray]:
-    """Farm of each report (from the report, else the device registry, one HMGET of the distinct
-    devices) and a FARM_REASONS code per report (0 = resolved). Arrow throughout: no Python object
-    per report."""
-    farm = table.column("farm_id").combine_chunks()
-    codes = np.zeros(len(farm), dtype=np.int8)
-    if not farm.null_count:
-        return farm, codes
-    missing = farm.is_null()
-    devices = table.column("device_id").combine_chunks().filter(missing).dictionary_encode()
-    owners = redis.hmget(keys.DEVICE_REGISTRY, devices.dictionary.to_pylist())
-    code_of = np.array([1 if o is None else 2 if "," in o else 0 for o in owners], dtype=np.int8)
-    farm = pc.replace_with_mask(farm, missing, pa.array(owners, pa.string()).take(devices.indices))
-    codes[missing.to_numpy(zero_copy_only=False)] = code_of[devices.indices.to_numpy(zero_copy_only=False)]
+    """Farm of each report and a FARM_REASONS code per report (0 = resolved), from one HMGET of the
+    distinct devices in the device registry (its entry: the farms that registered the id, first
+    first). A report that names its farm (farm_id) is taken only if that farm registered the device:
+    a gateway cannot write into a farm through an id that farm never registered. A bare report goes
+    to the farm that registered the id first: a later farm registering the same id neither receives
+    nor breaks that feed (its own gateways name their farm). Arrow throughout: no Python object per
+    report, except reports naming one of several farms that share an id."""
+    named = table.column("farm_id").combine_chunks()
+    devices = table.column("device_id").combine_chunks().dictionary_encode()
+    entries = pa.array(redis.hmget(keys.DEVICE_REGISTRY, devices.dictionary.to_pylist()), pa.string())
+    owners = pc.list_element(pc.split_pattern(entries, ",", max_splits=1), 0)
+    row_device = devices.indices
+    farm = pc.coalesce(named, owners.take(row_device))
+    codes = np.zeros(len(named), dtype=np.int8)
+    codes[entries.is_null().to_numpy(zero_copy_only=False)[row_device.to_numpy(zero_copy_only=False)]] = 1
+    # named farms: the common case (the id has one farm) compares whole entries, vectorized
+    entry_of_row = entries.take(row_device)
+    check = pc.and_(pc.is_valid(named), pc.is_valid(entry_of_row))
+    mismatch = np.flatnonzero(pc.fill_null(pc.and_(check, pc.not_equal(named, entry_of_row)), False)
+                              .to_numpy(zero_copy_only=False))
+    if len(mismatch):
+        names, joined = named.take(mismatch).to_pylist(), entry_of_row.take(mismatch).to_pylist()
+        codes[mismatch[[n not in j.split(",") for n, j in zip(names, joined)]]] = 2
     return farm, codes
+
+
+def _without_nulls(record: dict) -> dict:
+    return {k: v for k, v in record.items() if v is not None}
 
 
 def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]":
@@ -90,8 +105,8 @@ def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]
         if bad.any():
             parts = good.column("kafka_partition").to_numpy()
             offs = good.column("kafka_offset").to_numpy()
-            values = good.select(["device_id", "ts", "lat", "lon"]).to_pylist()
-            dead += [DeadLetter(FARM_REASONS[codes[i]], orjson.dumps(values[i]).decode(), TOPIC_REPORTS,
+            values = good.select(["device_id", "ts", "lat", "lon", "farm_id"]).to_pylist()
+            dead += [DeadLetter(FARM_REASONS[codes[i]], orjson.dumps(_without_nulls(values[i])).decode(), TOPIC_REPORTS,
                                 int(parts[i]), int(offs[i])) for i in np.flatnonzero(bad)]
             keep = pa.array(~bad)
             good, farm = good.filter(keep), farm.filter(keep)
@@ -102,9 +117,8 @@ def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]
     if parsed.pings:
         out.append(_side_rows(KIND_PING, [str(p) for p in parsed.pings], ctx))
     # where a batch's time goes before the shuffle: reported in the heartbeat ("readers")
-    timing = {"records": raw.num_rows, "read_s": round(read_s, 4),
-              "prepare_s": round(time.perf_counter() - started - read_s, 4)}
-    out.append(_side_rows(KIND_READ, [orjson.dumps(timing).decode()], ctx))
+    timing = ReaderTiming(raw.num_rows, round(read_s, 4), round(time.perf_counter() - started - read_s, 4))
+    out.append(_side_rows(KIND_READ, [timing.to_json()], ctx))
     yield from out
 
 

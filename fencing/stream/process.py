@@ -18,6 +18,7 @@ from pyspark import TaskContext
 from fencing.model import history, keys, notify
 from fencing.stream.fence_cache import process_cache
 from fencing.model.h3util import cell_to_str, cells_for_points
+from fencing.model.heartbeat import PartitionStats
 from fencing.stream.prepare import KIND_DEAD, KIND_PING, KIND_READ, KIND_REPORT
 from fencing.model.node_pipe import NodePipeline
 from fencing.model.redis_conn import cluster
@@ -68,7 +69,7 @@ def process_partition(ctx: ProcessContext, batches):
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     table = pa.concat_tables(tables) if tables else None
     side: list[tuple[int, str]] = []
-    stats = {"partition": partition, "points": 0, "groups": {}, "redis_local": 0, "redis_cross": 0, "events": 0}
+    stats = PartitionStats(partition)
     if table is not None:
         is_report = table.column("kind").to_numpy() == KIND_REPORT
         if not is_report.all():     # the few side rows only: no Python object per report
@@ -79,9 +80,9 @@ def process_partition(ctx: ProcessContext, batches):
             history.write_batch(ctx.history_dir, ctx.version, partition, reports)
             events, stats = _process_reports(ctx, partition, reports)
             side += [(OUT_KIND_EVENT, orjson.dumps(e.__dict__).decode()) for e in events]
-            stats["events"] = len(events)
-    stats["seconds"] = round(time.perf_counter() - started, 4)
-    side.append((OUT_KIND_STATS, orjson.dumps(stats).decode()))
+            stats.events = len(events)
+    stats.seconds = round(time.perf_counter() - started, 4)
+    side.append((OUT_KIND_STATS, stats.to_json()))
     yield pa.RecordBatch.from_arrays([pa.array([k for k, _ in side], pa.int8()),
                                       pa.array([p for _, p in side], pa.string())], schema=OUTPUT)
 
@@ -154,9 +155,9 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     event_log(redis).add([e.__dict__ for e in events])
     clock.lap("events")
     group_points = Counter(frame["grp"].tolist())
-    stats = {"partition": partition, "points": len(frame), "devices": len(devices.dkeys),
-             "groups": dict(group_points), "redis_local": counter.local, "redis_cross": counter.cross,
-             "fences_cached": len(cache), "stage_s": clock.laps}
+    stats = PartitionStats(partition, points=len(frame), devices=len(devices.dkeys), groups=dict(group_points),
+                           redis_local=counter.local, redis_cross=counter.cross, fences_cached=len(cache),
+                           stage_s=clock.laps)
     return events, stats
 
 

@@ -16,16 +16,16 @@ import signal
 import threading
 import time
 
-import httpx
 import pytest
 
+from fencing.model.heartbeat import Heartbeat
 from loadgen import http_writer, kafka_writer
 from tests.chaoskit import Herd, alive, children, heartbeat, kill9, read_pid, wait_until
 from tests.conftest import HERDFENCE, OFFSET, ROOT, Stack
 
-def _fresh_beat(redis, since: float, min_points: int = 1) -> dict | None:
+def _fresh_beat(redis, since: float, min_points: int = 1) -> Heartbeat | None:
     beat = heartbeat(redis)
-    return beat if beat.get("time", 0) > since and beat.get("points", 0) >= min_points else None
+    return beat if beat is not None and beat.time > since and beat.points >= min_points else None
 
 
 def _job_restarted(stack: Stack, old_pid: int, timeout: float = 90) -> int:

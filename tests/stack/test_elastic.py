@@ -7,6 +7,7 @@ import orjson
 
 from fencing.elastic import controller as elastic, routing, slots
 from fencing.model import keys
+from fencing.model.heartbeat import Heartbeat, PartitionStats
 from fencing.elastic.controller import ElasticConfig, plan
 
 
@@ -56,8 +57,8 @@ def test_hysteresis_no_action_when_balanced(stack):
     ctl = elastic.Controller(stack.redis, ElasticConfig(enabled=True, min_points=10))
     table = routing.load(stack.redis)
     n = table.partitions
-    beat = {"batch_id": 10 ** 9, "time": 0, "points": 60 * n, "routing_version": table.version, "duration_s": 0.1,
-            "partitions": [{"partition": p, "points": 60, "groups": {f"x{p}": 60}} for p in range(n)]}
+    beat = Heartbeat(batch_id=10 ** 9, time=0, points=60 * n, routing_version=table.version, duration_s=0.1,
+                     partitions=[PartitionStats(p, points=60, groups={f"x{p}": 60}) for p in range(n)])
     ctl(beat)
     assert ctl.steps == 0 and routing.load(stack.redis).version == table.version
 

@@ -35,13 +35,17 @@ def _prepare(stack, reports: list[dict]) -> pa.Table:
 
 
 def test_devices_packed_in_arrival_order_and_unpacked(stack):
-    stack.redis.hset(keys.DEVICE_REGISTRY, mapping={"tp-a": "farm-tp1", "tp-b": "farm-tp1",
+    # tp-both: farm-tp1 registered it first, then farm-tp2 (the registry keeps that order)
+    stack.redis.hset(keys.DEVICE_REGISTRY, mapping={"tp-a": "farm-tp1", "tp-b": "farm-tp1", "tp-c": "farm-tp3",
                                                     "tp-both": "farm-tp1,farm-tp2"})
     arrivals = [_report("tp-a", NOW - 1_000, 8.01), _report("tp-b", NOW - 900, 8.2),
                 _report("tp-a", NOW - 3_000, 8.02),            # late: arrival order is kept, not ts order
                 _report("tp-unknown", NOW - 800, 8.3), _report("tp-a", NOW - 500, 8.03),
-                _report("tp-both", NOW - 700, 8.4), _report("tp-c", NOW - 600, 8.5, farm="farm-tp3"),
-                _report("tp-b", NOW - 400, 8.21)]
+                _report("tp-both", NOW - 700, 8.4),             # bare: the farm that registered it first
+                _report("tp-c", NOW - 600, 8.5, farm="farm-tp3"),
+                _report("tp-b", NOW - 400, 8.21),
+                _report("tp-both", NOW - 300, 8.41, farm="farm-tp2"),   # named: one of its farms
+                _report("tp-a", NOW - 200, 8.04, farm="farm-tp2")]      # named, but not its farm: refused
     out = _prepare(stack, arrivals)
 
     kinds = out.column("kind").to_numpy()
@@ -61,16 +65,17 @@ def test_devices_packed_in_arrival_order_and_unpacked(stack):
             ts_of.setdefault((r["farm_id"], r["device_id"]), []).append(r["ts"])
     assert ts_of == {("farm-tp1", "tp-a"): [NOW - 1_000, NOW - 3_000, NOW - 500],
                      ("farm-tp1", "tp-b"): [NOW - 900, NOW - 400],
+                     ("farm-tp1", "tp-both"): [NOW - 700], ("farm-tp2", "tp-both"): [NOW - 300],
                      ("farm-tp3", "tp-c"): [NOW - 600]}
     a = [r for reports in packed.values() for r in reports if r["device_id"] == "tp-a"]
     assert [r["lon"] for r in a] == [8.01, 8.02, 8.03] and all(r["cell"] for r in a)
     dead = [orjson.loads(p) for p in out.filter(pa.array(kinds == KIND_DEAD)).column("payload").to_pylist()]
-    assert sorted((d["reason"], d["offset"]) for d in dead) == sorted([(FARM_REASONS[1], 503), (FARM_REASONS[2], 505)])
+    assert sorted((d["reason"], d["offset"]) for d in dead) == sorted([(FARM_REASONS[1], 503), (FARM_REASONS[2], 509)])
     assert (kinds == KIND_READ).sum() == 1
 
     flat = pa.Table.from_batches(list(unpack(iter(out.to_batches()))), schema=REPORTS)
     reports = flat.filter(pa.array(flat.column("kind").to_numpy() == KIND_REPORT))
-    assert reports.num_rows == 6
+    assert reports.num_rows == 8
     rows = reports.to_pylist()
     assert [r["ts"] for r in rows if r["device_id"] == "tp-a"] == [NOW - 1_000, NOW - 3_000, NOW - 500]
     cells = reports.column("cell").to_numpy().view(np.uint64)

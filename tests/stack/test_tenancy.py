@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import HERDFENCE, ROOT
-from tests.farmkit import Farm, square
+from tests.farmkit import Farm, dead_letters_matching, square
 
 INSIDE, INSIDE2, OUTSIDE = (8.505, 47.005), (8.506, 47.006), (8.505, 47.05)
 AREA = square(8.50, 47.00)
@@ -214,3 +214,38 @@ def test_rotated_farm_key_and_revoked_device_token_stop_working_at_once(stack):
     missing = subprocess.run([HERDFENCE, "farm", "rotate-key", "farm-nope"], env=stack.env, cwd=ROOT,
                              capture_output=True, text=True)
     assert missing.returncode != 0 and "no farm" in missing.stderr
+
+
+def test_a_device_id_two_farms_registered_goes_where_the_gateway_says(stack):
+    """Kafka gateways (issue 18.6): a bare record goes to the farm that registered the id first (a
+    later farm registering the same id neither receives nor breaks that feed); a record naming a farm
+    goes to that farm only if it registered the id; any other name is dead-lettered with the reason."""
+    from confluent_kafka import Producer
+
+    first, second, stranger = Farm(stack, "gw first"), Farm(stack, "gw second"), Farm(stack, "gw stranger")
+    device = f"gw-cow-{time.time_ns() % 10**9}"
+    first.api.post("/v1/devices", json={"device_id": device}).raise_for_status()
+    again = second.api.post("/v1/devices", json={"device_id": device})
+    assert again.status_code == 201
+    assert again.json()["gateway_must_send_farm_id"] is True and again.json()["farm_id"] == second.farm_id
+    again_first = first.api.post("/v1/devices", json={"device_id": device})
+    assert again_first.json()["gateway_must_send_farm_id"] is False       # still the bare id's owner
+
+    ts = first.base_ts
+    records = [({"device_id": device, "ts": ts, "lat": 47.201, "lon": 8.801}),                     # bare
+               ({"device_id": device, "ts": ts + 1000, "lat": 47.302, "lon": 8.902, "farm_id": second.farm_id}),
+               ({"device_id": device, "ts": ts + 2000, "lat": 47.403, "lon": 8.703, "farm_id": stranger.farm_id})]
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    for record in records:
+        producer.produce("gps.reports", value=json.dumps(record).encode(), key=device.encode())
+    assert producer.flush(15) == 0
+
+    seen_first = first.wait_seen(device, ts)
+    seen_second = second.wait_seen(device, ts + 1000)
+    assert (seen_first["lat"], seen_first["lon"]) == (47.201, 8.801)
+    assert (seen_second["lat"], seen_second["lon"]) == (47.302, 8.902)
+    time.sleep(2)
+    assert stranger.api.get(f"/v1/devices/{device}").status_code == 404    # never registered there
+    assert first.api.get(f"/v1/devices/{device}").json()["lat"] == 47.201   # nothing leaked in
+    [letter] = dead_letters_matching(stack, device, 1)
+    assert "not registered in the farm" in letter["reason"] and stranger.farm_id in letter["raw"]

@@ -1,0 +1,132 @@
+"""The job's stage contracts: what one process task reports about its share of a micro-batch
+(`PartitionStats`), what a reader task reports (`ReaderTiming`) and the heartbeat the driver writes
+after every batch (`Heartbeat`, key `job:heartbeat`, the last 5,000 in `job:heartbeat:log`).
+
+Writers: fencing.stream (process tasks, the elastic wrapper, the driver). Readers: the elastic
+controller, /metrics, `status`, the benchmarks and the chaos tests. They all go through these
+classes, so a field is named and typed in one place. `from_json` ignores fields it does not know
+and fills defaults for missing ones: a beat written by an older or newer job still reads."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from fencing.model import keys
+
+HEARTBEAT_LOG_MAX = 5_000
+
+
+def _known(cls, data: dict) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in data.items() if k in names}
+
+
+@dataclass
+class PartitionStats:
+    """One process task's share of a micro-batch (one per Spark partition)."""
+    partition: int
+    points: int = 0
+    devices: int = 0
+    events: int = 0
+    seconds: float = 0.0                  # the whole task, from its first input row to its output
+    redis_local: int = 0                  # pipelined Redis commands sent to the task's own node
+    redis_cross: int = 0                  # ... and to other nodes (the Amoeba figure)
+    fences_cached: int = 0
+    groups: dict[str, float] = field(default_factory=dict)         # points per cell group
+    stage_s: dict[str, float] = field(default_factory=dict)        # seconds per step of the task
+    # set by the elastic wrapper (fencing.elastic.controller.elastic_process)
+    route_groups: dict[str, float] = field(default_factory=dict)   # points per group as routed
+    children: dict[str, dict[str, float]] = field(default_factory=dict)   # per split group: per child
+    reload_s: float = 0.0                 # reloading the fences of groups moved to this task
+    shed: int = 0                         # reports shed (dropped, counted) under overload
+
+    def to_json(self) -> str:
+        return orjson.dumps(dataclasses.asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, raw: str | bytes | dict) -> "PartitionStats":
+        data = orjson.loads(raw) if isinstance(raw, (str, bytes)) else raw
+        return cls(**_known(cls, data))
+
+
+@dataclass
+class ReaderTiming:
+    """One reader task (fencing.stream.prepare): records read, seconds reading and preparing."""
+    records: int = 0
+    read_s: float = 0.0
+    prepare_s: float = 0.0
+
+    def to_json(self) -> str:
+        return orjson.dumps(dataclasses.asdict(self)).decode()
+
+    @classmethod
+    def from_json(cls, raw: str | bytes | dict) -> "ReaderTiming":
+        data = orjson.loads(raw) if isinstance(raw, (str, bytes)) else raw
+        return cls(**_known(cls, data))
+
+
+@dataclass
+class Heartbeat:
+    """The driver's record of one micro-batch, with running totals since the job started."""
+    batch_id: int
+    time: float                           # epoch seconds when the batch finished
+    duration_s: float = 0.0
+    points: int = 0
+    events: int = 0
+    dead_letters: int = 0
+    routing_version: int = 0
+    partitions: list[PartitionStats] = field(default_factory=list)
+    events_total: int = 0
+    dead_letters_total: int = 0
+    points_total: int = 0
+    redis_local_total: int = 0
+    redis_cross_total: int = 0
+    shed: int = 0
+    shed_total: int = 0
+    lag: int = 0                          # records in Kafka not yet processed (one batch late)
+    previous_trigger_ms: dict[str, float] = field(default_factory=dict)   # Spark's breakdown
+    spark_s: float = 0.0                  # the batch's Spark part (readers, shuffle, process tasks)
+    sinks_s: float = 0.0                  # the driver's sinks after it
+    readers: list[ReaderTiming] = field(default_factory=list)
+
+    @property
+    def handled_total(self) -> int:
+        """Reports the job is done with: processed or shed (what a benchmark waits for)."""
+        return self.points_total + self.shed_total
+
+    def to_json(self) -> bytes:
+        return orjson.dumps(dataclasses.asdict(self))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, raw: str | bytes | dict) -> "Heartbeat":
+        data = dict(orjson.loads(raw) if isinstance(raw, (str, bytes)) else raw)
+        data["partitions"] = [PartitionStats.from_json(p) for p in data.get("partitions") or []]
+        data["readers"] = [ReaderTiming.from_json(r) for r in data.get("readers") or []]
+        data.setdefault("batch_id", -1)
+        data.setdefault("time", 0.0)
+        return cls(**_known(cls, data))
+
+    def write(self, redis) -> None:
+        raw = self.to_json()
+        pipe = redis.pipeline()
+        pipe.set(keys.JOB_HEARTBEAT, raw)
+        pipe.lpush(keys.JOB_HEARTBEAT_LOG, raw)        # recent beats (the elastic scenario reads them)
+        pipe.ltrim(keys.JOB_HEARTBEAT_LOG, 0, HEARTBEAT_LOG_MAX - 1)
+        pipe.execute()
+
+
+def read_heartbeat(redis) -> Heartbeat | None:
+    """The last batch's heartbeat, None when the job has not finished a batch."""
+    raw = redis.get(keys.JOB_HEARTBEAT)
+    return Heartbeat.from_json(raw) if raw else None
+
+
+def recent_heartbeats(redis, n: int = HEARTBEAT_LOG_MAX) -> list[Heartbeat]:
+    """The last `n` heartbeats, oldest first."""
+    return [Heartbeat.from_json(r) for r in reversed(redis.lrange(keys.JOB_HEARTBEAT_LOG, 0, n - 1))]

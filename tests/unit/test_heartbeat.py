@@ -1,0 +1,50 @@
+"""The stage contracts (fencing.model.heartbeat): one typed record per stage, readable across versions."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import orjson
+
+from fencing.model.heartbeat import Heartbeat, PartitionStats, ReaderTiming
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_heartbeat_round_trips_with_its_partitions_and_readers():
+    beat = Heartbeat(batch_id=7, time=1700000000.5, duration_s=1.25, points=300, events=4, routing_version=3,
+                     partitions=[PartitionStats(0, points=200, groups={"g1": 200}, stage_s={"write": 0.1}),
+                                 PartitionStats(1, points=100, shed=5, children={"g2": {"#0": 3.0}})],
+                     points_total=1000, shed_total=5, readers=[ReaderTiming(300, 0.01, 0.02)])
+    back = Heartbeat.from_json(beat.to_json())
+    assert back == beat
+    assert back.handled_total == 1005
+    assert back.partitions[1].children == {"g2": {"#0": 3.0}}
+
+
+def test_unknown_fields_are_ignored_and_missing_ones_default():
+    """A beat written by another version of the job still reads: new fields dropped, old ones defaulted."""
+    raw = orjson.dumps({"batch_id": 3, "time": 5.0, "points": 10, "from_the_future": [1, 2],
+                        "partitions": [{"partition": 2, "points": 10, "novel": True}]})
+    beat = Heartbeat.from_json(raw)
+    assert beat.points == 10 and beat.lag == 0 and beat.readers == []
+    assert beat.partitions == [PartitionStats(2, points=10)]
+    assert Heartbeat.from_json(b"{}").batch_id == -1
+
+
+def test_heartbeat_readers_use_the_typed_record():
+    """No reader of the heartbeat goes back to parsing the key's JSON itself (that is where fields
+    drifted before): only fencing/model/heartbeat.py names the keys."""
+    offenders = []
+    for path in ROOT.glob("*/**/*.py"):
+        rel = path.relative_to(ROOT)
+        if rel.parts[0] in (".venv", "node_modules") or rel.as_posix() in (
+                "fencing/model/heartbeat.py", "fencing/model/keys.py", "tests/unit/test_heartbeat.py"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in ("JOB_HEARTBEAT", "JOB_HEARTBEAT_LOG"):
+                offenders.append(f"{rel}:{node.lineno}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("job:heartbeat"):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert not offenders, offenders
