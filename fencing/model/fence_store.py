@@ -86,7 +86,31 @@ def validate_feature(feature) -> ValidFence:
         feature={"type": "Feature", "geometry": feature["geometry"], "properties": dict(props)},
         geometry=geom, rules=rules, interior=fence_cover.interior, boundary=fence_cover.boundary)
     fence.groups = _split_by_group(fence_cover.interior, fence_cover.boundary)
+    reason = fence_cost_error(fence)
+    if reason:
+        raise FenceError(reason)
     return fence
+
+
+# What one fence may cost (issue 18: bounded work per request). The area and vertex limits of
+# fencing.model.geometry bound these already for ordinary shapes; these bound them for any shape.
+MAX_COVER_CELLS = 60_000            # res-9 cells of its cover (a 2,500 km² square needs ~25,000)
+MAX_FENCE_REDIS_BYTES = 8 << 20     # its records in Redis: its outline is stored once per cell group
+
+
+def fence_cost_error(fence: "ValidFence") -> str | None:
+    """Why a fence would cost too much to store and match (a sentence for a 422), or None."""
+    cells = len(fence.interior) + len(fence.boundary)
+    if cells > MAX_COVER_CELLS:
+        return (f"fence too costly: its cover has {cells} H3 cells > {MAX_COVER_CELLS} "
+                "(limit on the cells of one fence); split it into smaller fences")
+    # per group record: the outline (WKB) + ~20 bytes of JSON per cell
+    size = len(fence.groups) * len(shapely.to_wkb(fence.geometry)) + 20 * cells
+    if size > MAX_FENCE_REDIS_BYTES:
+        return (f"fence too costly: its records would take {size / 2**20:.1f} MiB in Redis over "
+                f"{len(fence.groups)} cell groups > {MAX_FENCE_REDIS_BYTES >> 20} MiB (limit on the Redis bytes "
+                "of one fence); simplify its outline or split it")
+    return None
 
 
 def _split_by_group(interior: np.ndarray, boundary: np.ndarray) -> dict[str, tuple[list[int], list[int]]]:
@@ -200,9 +224,11 @@ def validate_features_bulk(features: list) -> list:
     geoms = np.array([p[2] for p in parsed], dtype=object)
     covers = _bulk_covers(geoms)
     for (i, feature, geom, rules), (interior, boundary, groups) in zip(parsed, covers):
-        out[i] = ValidFence(feature={"type": "Feature", "geometry": feature["geometry"],
-                                     "properties": dict(feature["properties"])},
-                            geometry=geom, rules=rules, interior=interior, boundary=boundary, groups=groups)
+        fence = ValidFence(feature={"type": "Feature", "geometry": feature["geometry"],
+                                    "properties": dict(feature["properties"])},
+                           geometry=geom, rules=rules, interior=interior, boundary=boundary, groups=groups)
+        reason = fence_cost_error(fence)
+        out[i] = FenceError(reason) if reason else fence
     return out
 
 

@@ -29,8 +29,10 @@ return flags
 
 
 def public_events(events: list[dict]) -> list[bytes]:
-    """Each event as the contract's JSON (the value in Kafka `fence.events`, the logs and webhooks)."""
-    return [orjson.dumps({"event_id": e["event_id"], "type": e["type"], "device_id": e["device_id"],
+    """Each event as the contract's JSON (the value in Kafka `fence.events`, the logs and webhooks),
+    with its farm: a consumer serving several farms routes an event without looking its fence up."""
+    return [orjson.dumps({"event_id": e["event_id"], "type": e["type"], "farm_id": e["farm_id"],
+                          "device_id": e["device_id"],
                           "fence_id": e["fence_id"], "ts": stamp, "lat": e["lat"], "lon": e["lon"]})
             for e, stamp in zip(events, iso_many([e["ts"] for e in events]))]
 

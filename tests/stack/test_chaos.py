@@ -225,13 +225,18 @@ def test_fence_events_produced_after_broker_restart(ha_stack):
                          "enable.auto.commit": False, "auto.offset.reset": "earliest"})
     consumer.assign([TopicPartition("fence.events", p, 0) for p in range(4)])
     seen: set[str] = set()
+    farms: dict[str, str] = {}
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline and not api_ids <= seen:
         msg = consumer.poll(0.5)
         if msg is not None and not msg.error():
-            seen.add(json.loads(msg.value())["event_id"])
+            event = json.loads(msg.value())
+            seen.add(event["event_id"])
+            farms[event["event_id"]] = event.get("farm_id")
     consumer.close()
     assert api_ids <= seen, f"{len(api_ids - seen)} of {len(api_ids)} events never reached fence.events"
+    # a consumer serving several farms routes each event by its farm_id (issue 20.5)
+    assert {farms[i] for i in api_ids} == {farm_id}
 
 
 def test_retried_batch_does_not_count_twice(stack):

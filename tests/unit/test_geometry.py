@@ -204,3 +204,29 @@ def test_h3util_helpers():
     assert h3util.str_to_cell(s) == cells[0] and h3util.cells_to_strs(cells[:2])[0] == s
     with pytest.raises(ValueError):
         h3util.parent(h3util.parent(cells[:1], 3), 5)
+
+
+def _circle(lon: float, lat: float, radius_km: float, vertices: int) -> dict:
+    import math
+    ring = [[lon + radius_km / (111.32 * math.cos(math.radians(lat))) * math.cos(2 * math.pi * k / vertices),
+             lat + radius_km / 110.57 * math.sin(2 * math.pi * k / vertices)] for k in range(vertices)]
+    return {"type": "Polygon", "coordinates": [ring + [ring[0]]]}
+
+
+def test_a_fence_that_would_cost_too_much_redis_is_refused_naming_the_limit():
+    """A ~1,900 km² ranch outlined with 9,000 vertices is stored once per cell group (~60 of them):
+    ~9 MiB of Redis for one fence → refused with the limit named; the same ranch with 400 vertices
+    is fine. Both the single and the bulk validator say so."""
+    from fencing.model.fence_store import MAX_FENCE_REDIS_BYTES, validate_feature, validate_features_bulk
+    from fencing.model.geometry import FenceError
+
+    def feature(geometry):
+        return {"type": "Feature", "properties": {"name": "ranch"}, "geometry": geometry}
+    heavy, light = feature(_circle(10.0, 47.0, 24.5, 9_000)), feature(_circle(10.0, 47.0, 24.5, 400))
+    with pytest.raises(FenceError, match="Redis bytes of one fence"):
+        validate_feature(heavy)
+    ok = validate_feature(light)
+    assert len(ok.groups) > 30
+    bulk = validate_features_bulk([heavy, light])
+    assert isinstance(bulk[0], FenceError) and "MiB" in str(bulk[0]) and not isinstance(bulk[1], Exception)
+    assert MAX_FENCE_REDIS_BYTES == 8 << 20
