@@ -182,7 +182,7 @@ def test_shedding_never_drops_a_report_that_could_produce_an_event(stack):
         redis.set(elastic.CONFIG_KEY, orjson.dumps({"enabled": True}))
         table = routing.load(redis)
         routing.publish(redis, table.evolve(routes={}, splits={}, shed=False))
-    shed_job = after["shed_total"] - before["shed_total"]
+    shed_job = after.shed_total - before.shed_total
     print(f"shed: predicate {n_shed} of {len(rest)} reports (idle animals' {idle_rest}), job {shed_job}")
     rec = reconcile(expected, observed_events(redis, farm_ids.values()))
     assert rec["events"] > 0
