@@ -79,8 +79,9 @@ function update() {
   const n = points.length;
   $('draw-undo').disabled = n === 0;
   $('draw-finish').disabled = n < MIN_CORNERS;
-  $('draw-text').textContent = n === 0 ? 'Tap the first corner of the paddock on the map.'
+  // short texts in a bar of fixed height: the map under it must not move between two taps
+  $('draw-text').textContent = n === 0 ? 'Tap the first corner of the paddock.'
     : n < MIN_CORNERS ? `${n} corner${n > 1 ? 's' : ''}. Tap the next corner.`
-      : `${n} corners. Tap more corners, or tap the first corner or Finish to close the fence.`;
+      : `${n} corners. Tap the yellow corner or Finish to close.`;
   $('draw-bar').dataset.corners = String(n);
 }

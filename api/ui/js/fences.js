@@ -49,7 +49,8 @@ export async function loadFences() {
 
 function labelText(feature) {
   const props = feature.properties || {};
-  const name = props.name || 'Unnamed fence';
+  // a strip's label stays short: strips sit side by side and long labels would cover each other
+  const name = props.strip ? 'Strip ' + props.strip : props.name || 'Unnamed fence';
   const win = windowState(props);
   if (win === 'active' && props.active_to) return name + ' · now';
   if (win === 'upcoming') return name + ' · ' + when(new Date(props.active_from));
@@ -83,10 +84,18 @@ export function styleFence(id) {
   const win = windowState(entry.feature.properties);
   entry.win = win;
   entry.layer.setStyle(fenceStyle(entry.color, false, win));
-  entry.layer.unbindTooltip();
-  if (win !== 'past') {
-    entry.layer.bindTooltip(esc(labelText(entry.feature)), { permanent: true, direction: 'center',
-      className: 'fence-label fence-label--' + win, pane: 'fenceLabels', interactive: false });
+  // rebind the label only when it changes, and take the old one off the page ourselves: a permanent
+  // tooltip rebound on every refresh was left behind in the label pane
+  const text = win === 'past' ? null : labelText(entry.feature);
+  const key = text && [text, win, JSON.stringify(entry.feature.geometry)].join('|');
+  if (entry.labelKey !== key) {
+    const old = entry.layer.getTooltip();
+    if (old) { const oldEl = old.getElement(); entry.layer.unbindTooltip(); if (oldEl) oldEl.remove(); }
+    if (text) {
+      entry.layer.bindTooltip(esc(text), { permanent: true, direction: 'center',
+        className: 'fence-label fence-label--' + win, pane: 'fenceLabels', interactive: false });
+    }
+    entry.labelKey = key;
   }
   const el = entry.layer.getElement && entry.layer.getElement();
   if (el) { el.setAttribute('data-fence-id', id); el.setAttribute('data-window', win); el.classList.add('fence-shape'); }
@@ -177,9 +186,9 @@ function actionsHtml(id, name, props) {
   const canPlan = (state.fences.get(id).feature.geometry || {}).type === 'Polygon' && !props.plan_of;
   return '<div class="fence-actions">' +
     '<button type="button" class="btn btn--ghost-dark" data-action="zoom" aria-label="Show ' + esc(name) + ' on the map">Show</button>' +
-    '<button type="button" class="btn btn--ghost-dark" data-action="edit" aria-label="Edit the shape of ' + esc(name) + '">Shape</button>' +
-    '<button type="button" class="btn btn--ghost-dark" data-action="rename" aria-label="Rename ' + esc(name) + ' or set its warning">Name &amp; warning</button>' +
-    (canPlan ? '<button type="button" class="btn btn--ghost-dark" data-action="plan" aria-label="Plan grazing strips in ' + esc(name) + '">Strips</button>' : '') +
+    '<button type="button" class="btn btn--ghost-dark" data-action="edit" aria-label="Shape of ' + esc(name) + '">Shape</button>' +
+    '<button type="button" class="btn btn--ghost-dark" data-action="rename" aria-label="Name &amp; warning of ' + esc(name) + '">Name &amp; warning</button>' +
+    (canPlan ? '<button type="button" class="btn btn--ghost-dark" data-action="plan" aria-label="Strips: plan grazing in ' + esc(name) + '">Strips</button>' : '') +
     '<button type="button" class="btn btn--ghost-dark" data-action="delete" aria-label="Delete ' + esc(name) + '">Delete</button></div>';
 }
 

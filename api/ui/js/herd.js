@@ -41,7 +41,7 @@ function deviceIcon(id, inside, quiet) {
     className: 'herd-marker herd-marker--' + st + ' device-' + cssToken(id) + (quiet ? ' is-quiet' : ''),
     html: '<span class="dot" data-device-id="' + esc(id) + '" data-state="' + st + '" data-testid="device-marker" role="img" aria-label="' + esc(label) + '"></span>' +
       '<span class="tag">' + esc(id) + '</span>',
-    iconSize: [22, 22], iconAnchor: [11, 11],
+    iconSize: [44, 44], iconAnchor: [22, 22], // a fingertip-sized target around the 22 px dot
   });
 }
 
@@ -131,12 +131,13 @@ export function renderDevices() {
       '<span class="battery-bar" aria-hidden="true"><span class="battery-fill" style="width:' + d.battery + '%"></span></span>' + d.battery + '%</span>';
     const flags = (d.inside ? '' : '<span class="flag flag--out">outside</span>') + (d.quiet ? '<span class="flag flag--silent">silent</span>' : '') +
       (isLow(d) ? '<span class="flag flag--battery">low battery</span>' : '');
-    return '<li class="device-item' + (d.quiet ? ' is-quiet' : '') + '" data-device-id="' + esc(id) + '" data-state="' + st + '" data-testid="device-item" tabindex="0" role="button" aria-label="' +
-      esc(id + ', ' + where + ', last seen ' + ago(d.ts) + (d.quiet ? ', collar silent' : '') + (d.battery != null ? ', battery ' + d.battery + ' percent' : '')) + '">' +
+    // one button per animal inside a plain <li>: list semantics stay, the name is what is shown
+    return '<li class="device-row' + (d.quiet ? ' is-quiet' : '') + '" data-device-id="' + esc(id) + '" data-state="' + st + '" data-testid="device-item">' +
+      '<button type="button" class="device-item" title="Show ' + esc(id) + ' on the map">' +
       '<span class="state-dot" data-state="' + st + '" aria-hidden="true"></span>' +
       '<div class="device-main"><div class="device-name">' + esc(id) + ' ' + flags + '</div>' +
       '<div class="device-where' + (d.inside ? '' : ' is-out') + '">' + esc(where) + '</div></div>' +
-      '<div class="device-side"><div class="last-seen" title="' + esc(d.ts ? d.ts.toISOString() : '') + '">' + esc(ago(d.ts)) + '</div>' + batt + '</div></li>';
+      '<div class="device-side"><div class="last-seen" title="' + esc(d.ts ? d.ts.toISOString() : '') + '">' + esc(ago(d.ts)) + '</div>' + batt + '</div></button></li>';
   }));
 }
 

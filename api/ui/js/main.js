@@ -154,15 +154,10 @@ function wire() {
   $('fence-list').addEventListener('submit', onFenceListSubmit);
   $('fence-list').addEventListener('keydown', onFenceListKey);
 
-  const deviceActivate = (ev) => {
+  $('device-list').addEventListener('click', (ev) => {
     const li = ev.target.closest('[data-device-id]');
-    if (!li) return;
-    if (ev.type === 'keydown' && ev.key !== 'Enter' && ev.key !== ' ') return;
-    if (ev.type === 'keydown') ev.preventDefault();
-    focusDevice(li.dataset.deviceId);
-  };
-  $('device-list').addEventListener('click', deviceActivate);
-  $('device-list').addEventListener('keydown', deviceActivate);
+    if (li) focusDevice(li.dataset.deviceId);
+  });
   $('herd-glance').addEventListener('click', (ev) => {
     const chip = ev.target.closest('[data-filter]');
     if (chip) setHerdFilter(chip.dataset.filter);
