@@ -132,9 +132,19 @@ def test_farmer_draws_fence_and_sees_exit_alert(stack):
 
     # The page itself and its assets are served by the API.
     r = httpx.get(api_url + "/", timeout=10)
-    assert r.status_code == 200 and "herdfence" in r.text and "/ui/app.js" in r.text
-    for asset in ("/ui/app.js", "/ui/style.css", "/vendor/leaflet/leaflet.js", "/vendor/geoman/leaflet-geoman.min.js"):
-        assert httpx.get(api_url + asset, timeout=10).status_code == 200, asset
+    assert r.status_code == 200 and "herdfence" in r.text and '<script type="module" src="/ui/js/main.js">' in r.text
+    modules = sorted(p.name for p in (UI_DIR / "js").glob("*.js"))
+    assert {"main.js", "api.js", "map.js", "fences.js", "herd.js", "alerts.js"} <= set(modules), modules
+    for asset in [f"/ui/js/{m}" for m in modules] + ["/ui/style.css", "/vendor/leaflet/leaflet.js",
+                                                     "/vendor/geoman/leaflet-geoman.min.js", "/vendor/axe/axe.min.js"]:
+        got = httpx.get(api_url + asset, timeout=10)
+        assert got.status_code == 200, asset
+        if asset.endswith(".js"):   # module scripts load only with a JavaScript MIME type
+            assert "javascript" in got.headers["content-type"], (asset, got.headers["content-type"])
+    # the page's CSP allows only its own scripts: no inline script, no other origin
+    csp = r.headers["content-security-policy"]
+    assert "script-src 'self';" in csp and "unsafe-inline" not in csp.split("script-src")[1].split(";")[0]
+    assert "<script>" not in r.text and " on" + "click=" not in r.text
 
     fence_name = "North paddock " + uuid.uuid4().hex[:4]
     device_id = "cow-ui-" + uuid.uuid4().hex[:6]
@@ -144,6 +154,8 @@ def test_farmer_draws_fence_and_sees_exit_alert(stack):
         signed = b.expect("signed_in", timeout=90)
         assert signed["wrong_key_message"], "a wrong key must show an error message"
         assert signed["tile_note"], "unreachable map tiles must be reported on the map (and not break it)"
+        assert signed["axe_login"] == [], f"axe on the desktop sign-in page: {signed['axe_login']}"
+        assert signed["axe_app"] == [], f"axe on the desktop app: {signed['axe_app']}"
 
         # 1. draw the fence with the mouse and name it; the API must have it
         b.send(cmd="draw", name=fence_name)

@@ -3,7 +3,7 @@
 import { state, $ } from './state.js';
 import { api, describeError } from './api.js';
 import { handleApiFailure, announce, showError } from './notify.js';
-import { esc, cssToken, colorFor, fmtArea, geometryArea, patchList, when } from './util.js';
+import { esc, cssToken, colorFor, fmtArea, geometryArea, patchList, when, shortWhen } from './util.js';
 import { map, fenceGroup } from './map.js';
 import { startDrawing, stopDrawing, isDrawing } from './draw.js';
 import { planFeatures, windowState } from './plan.js';
@@ -14,7 +14,7 @@ const MAX_WARN_M = 1000;
 
 export function fenceName(id) {
   const f = state.fences.get(id);
-  return f ? (f.feature.properties && f.feature.properties.name) || 'Unnamed fence' : 'fence ' + id;
+  return f ? (f.feature.properties && f.feature.properties.name) || 'Unnamed fence' : 'a deleted fence (' + id + ')';
 }
 
 function geometryToLatLngs(g) {
@@ -53,7 +53,7 @@ function labelText(feature) {
   const name = props.strip ? 'Strip ' + props.strip : props.name || 'Unnamed fence';
   const win = windowState(props);
   if (win === 'active' && props.active_to) return name + ' · now';
-  if (win === 'upcoming') return name + ' · ' + when(new Date(props.active_from));
+  if (win === 'upcoming') return name + ' · ' + shortWhen(new Date(props.active_from));
   return name;
 }
 

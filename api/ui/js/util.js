@@ -33,7 +33,12 @@ export function when(date) { // short day + time for plan windows
   if (!date) return '';
   return date.toLocaleString([], { weekday: 'short', day: 'numeric', month: 'short', hour: '2-digit', minute: '2-digit' });
 }
+export function shortWhen(date) { // for map labels: the time today, else weekday and time
+  const t = date.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' });
+  return new Date().toDateString() === date.toDateString() ? t : date.toLocaleDateString([], { weekday: 'short' }) + ' ' + t;
+}
 export function duration(seconds) {
+  if (seconds < 60) return Math.round(seconds) + ' s';
   const m = Math.round(seconds / 60);
   if (m < 60) return m + ' min';
   const h = Math.floor(m / 60), r = m % 60;
