@@ -86,7 +86,7 @@ export function styleFence(id) {
   entry.layer.setStyle(fenceStyle(entry.color, false, win));
   // rebind the label only when it changes, and take the old one off the page ourselves: a permanent
   // tooltip rebound on every refresh was left behind in the label pane
-  const text = win === 'past' ? null : labelText(entry.feature);
+  const text = win === 'past' || (win === 'upcoming' && !isNextStrip(entry.feature)) ? null : labelText(entry.feature);
   const key = text && [text, win, JSON.stringify(entry.feature.geometry)].join('|');
   if (entry.labelKey !== key) {
     const old = entry.layer.getTooltip();
@@ -99,6 +99,20 @@ export function styleFence(id) {
   }
   const el = entry.layer.getElement && entry.layer.getElement();
   if (el) { el.setAttribute('data-fence-id', id); el.setAttribute('data-window', win); el.classList.add('fence-shape'); }
+}
+
+// Of a plan's strips still to come, only the next one is labelled: narrow strips side by side would
+// otherwise bury each other's labels (the list says when each one starts).
+function isNextStrip(feature) {
+  const props = feature.properties || {};
+  if (props.plan_of == null) return true;
+  const from = Date.parse(props.active_from);
+  for (const other of state.fences.values()) {
+    const p = other.feature.properties || {};
+    if (p.plan_of === props.plan_of && other.feature !== feature && windowState(p) === 'upcoming' &&
+        Date.parse(p.active_from) < from) return false;
+  }
+  return true;
 }
 
 export function restyleWindows() {
@@ -394,7 +408,8 @@ async function savePlan(id, form) {
   }
   state.planning = null;
   await loadFences().catch((err) => handleApiFailure(err, 'Loading fences'));
-  if (made) announce(made + ' strips planned in "' + fenceName(id) + '"', 'enter', 4000);
+  state.fences.forEach((_e, fid) => styleFence(fid)); // which strip is next is known once all are loaded
+  if (made) { focusFence(id); announce(made + ' strips planned in "' + fenceName(id) + '"', 'enter', 4000); }
 }
 
 async function deleteFence(id) {
