@@ -382,7 +382,11 @@ def test_farmer_phone_flow_by_touch(stack):
         moved = b.expect("plan_reloaded", timeout=60)
         assert "past" in moved["windows"] and "strip 3/3" in (moved["next"] or ""), moved
 
-        # 5. rename with a new warning distance, then delete, by touch
+        # 5. move a corner with a finger, rename with a new warning distance, then delete, by touch
+        before = farm.get(f"/v1/fences/{fence_id}").json()["geometry"]["coordinates"]
+        b.send(cmd="edit_shape", fence_id=fence_id)
+        b.expect("shape_saved", timeout=60)
+        assert farm.get(f"/v1/fences/{fence_id}").json()["geometry"]["coordinates"] != before, "corner not moved"
         b.send(cmd="rename", fence_id=fence_id, name=fence_name + " (spring)", warn_m=25)
         renamed = b.expect("renamed", timeout=60)
         got = farm.get(f"/v1/fences/{fence_id}").json()["properties"]

@@ -103,7 +103,9 @@ async function waitAlert(cmd) {
   await page.locator(sel).first().waitFor({ state: 'attached', timeout: cmd.timeout_ms || 40000 });
   const li = page.locator(sel).first();
   const out = { text: (await li.textContent()).trim(), icon: await li.evaluate((el) => getComputedStyle(el.querySelector('.alert-icon')).backgroundColor),
-    flash: await page.evaluate(() => document.querySelector('#flash').classList.contains('active')),
+    // did this very alert flash the map? (the EXIT alarm marks the page with the event it flashed for)
+    flash: await li.evaluate((el) => document.body.getAttribute('data-last-exit') === el.dataset.eventId),
+    alerts: await page.locator('#alerts li').evaluateAll((els) => els.map((e) => e.dataset.type)),
     toast: (await page.textContent('#toast')).trim() };
   await shot(page, 'phone-05-alert-' + cmd.type);
   return out;
@@ -133,6 +135,38 @@ async function planState() {
     windows: Array.from(document.querySelectorAll('#map path.fence-shape')).map((p) => p.getAttribute('data-window')),
     labels: Array.from(document.querySelectorAll('.fence-label')).map((t) => t.textContent),
   }));
+}
+
+// A finger dragging from (x0, y0) to (x1, y1): Playwright's touchscreen only taps, so the touch points
+// go through the DevTools protocol, as a real touch screen's would.
+async function touchDrag(x0, y0, x1, y1) {
+  const cdp = await page.context().newCDPSession(page);
+  await cdp.send('Input.dispatchTouchEvent', { type: 'touchStart', touchPoints: [{ x: x0, y: y0 }] });
+  for (let i = 1; i <= 8; i++) {
+    await cdp.send('Input.dispatchTouchEvent', { type: 'touchMove', touchPoints: [{ x: x0 + (x1 - x0) * i / 8, y: y0 + (y1 - y0) * i / 8 }] });
+    await page.waitForTimeout(30);
+  }
+  await cdp.send('Input.dispatchTouchEvent', { type: 'touchEnd', touchPoints: [] });
+  await cdp.detach();
+}
+
+async function editShape(cmd) {
+  await selectTab('fences');
+  const li = page.locator(`#fence-list [data-fence-id="${cmd.fence_id}"]`);
+  await tap(li.locator('[data-action="edit"]'));
+  const vertex = page.locator('.leaflet-marker-pane .marker-icon:not(.marker-icon-middle)').first();
+  await vertex.waitFor({ state: 'visible', timeout: 5000 });
+  await page.waitForTimeout(600); // fitBounds animation
+  const vb = await vertex.boundingBox();
+  const map = await page.locator('#map').boundingBox();
+  const sx = vb.x + vb.width / 2, sy = vb.y + vb.height / 2;
+  // drag towards the map's centre: stays on the map
+  const tx = sx + Math.sign(map.x + map.width / 2 - sx) * 40, ty = sy + Math.sign(map.y + map.height / 2 - sy) * 30;
+  await touchDrag(sx, sy, tx, ty);
+  await shot(page, 'phone-06b-editing-shape');
+  await tap(li.locator('[data-action="save-shape"]'));
+  await page.locator(`#fence-list [data-fence-id="${cmd.fence_id}"]:not(.is-editing) [data-action="edit"]`).waitFor({ timeout: 15000 });
+  return { handle: [Math.round(vb.width), Math.round(vb.height)] };
 }
 
 async function rename(cmd) {
@@ -189,7 +223,8 @@ async function main() {
       await page.waitForFunction((want) => (document.querySelector('[data-testid="plan-now"]')?.textContent || '').includes(want), cmd.want_now, { timeout: 15000 });
       await shot(page, 'phone-07b-plan-next-window');
       emit({ step: 'plan_reloaded', ...(await planState()) });
-    } else if (cmd.cmd === 'rename') emit({ step: 'renamed', ...(await rename(cmd)) });
+    } else if (cmd.cmd === 'edit_shape') emit({ step: 'shape_saved', ...(await editShape(cmd)) });
+    else if (cmd.cmd === 'rename') emit({ step: 'renamed', ...(await rename(cmd)) });
     else if (cmd.cmd === 'herd') emit({ step: 'herd', ...(await herd(cmd)) });
     else if (cmd.cmd === 'delete') { await del(cmd); emit({ step: 'deleted' }); }
     else throw new Error('unknown command ' + JSON.stringify(cmd));

@@ -43,6 +43,7 @@ export async function loadFences() {
     upsertFence(f);
   }
   for (const id of Array.from(state.fences.keys())) if (!seen.has(id) && state.editing !== id) removeFenceLocal(id);
+  state.fences.forEach((_e, id) => styleFence(id)); // "the next strip" depends on the other fences
   renderFences();
   return feats;
 }
@@ -117,10 +118,10 @@ function isNextStrip(feature) {
 
 export function restyleWindows() {
   let changed = false;
-  state.fences.forEach((e, id) => {
-    if (windowState(e.feature.properties) !== e.win) { styleFence(id); changed = true; }
-  });
-  if (changed) renderFences();
+  state.fences.forEach((e) => { if (windowState(e.feature.properties) !== e.win) changed = true; });
+  if (!changed) return;
+  state.fences.forEach((_e, id) => styleFence(id));
+  renderFences();
 }
 
 function reconcileFences() { loadFences().catch((err) => handleApiFailure(err, 'Loading fences')); }
@@ -408,7 +409,6 @@ async function savePlan(id, form) {
   }
   state.planning = null;
   await loadFences().catch((err) => handleApiFailure(err, 'Loading fences'));
-  state.fences.forEach((_e, fid) => styleFence(fid)); // which strip is next is known once all are loaded
   if (made) { focusFence(id); announce(made + ' strips planned in "' + fenceName(id) + '"', 'enter', 4000); }
 }
 
