@@ -370,6 +370,7 @@ def test_farmer_phone_flow_by_touch(stack):
             assert a["properties"]["active_to"] == nxt["properties"]["active_from"]
         assert "strip 1/3" in (planned["now"] or "") and "strip 2/3" in (planned["next"] or ""), planned
         assert "active" in planned["windows"] and "upcoming" in planned["windows"], planned
+        assert planned["small_targets"] == [] and planned["axe_form"] == [], planned
 
         # ... and follow it into the next window (the clock is moved through the API, not waited for)
         past = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))

@@ -81,6 +81,7 @@ async function drawFence(cmd) {
   await type(page.locator('#fence-name'), cmd.name);
   await type(page.locator('#fence-warn'), String(cmd.warn_m));
   const axeDialog = await axe(page);
+  const dialogSmall = await smallTargets();
   await shot(page, 'phone-03-name-fence');
   await tap(page.locator('#fence-save'));
   await dialog.waitFor({ state: 'hidden', timeout: 15000 });
@@ -89,7 +90,7 @@ async function drawFence(cmd) {
   if (await page.locator('#error-banner').isVisible()) throw new Error('error banner: ' + (await page.textContent('#error-text')));
   await shot(page, 'phone-04-fence-saved');
   return { fence_id: await item.getAttribute('data-fence-id'), hits, tooltips, corners_before_undo: before,
-    corners_after_undo: after, small_targets: barSmall, axe_dialog: axeDialog, meta: (await item.locator('.fence-meta').textContent()).trim() };
+    corners_after_undo: after, small_targets: barSmall.concat(dialogSmall), axe_dialog: axeDialog, meta: (await item.locator('.fence-meta').textContent()).trim() };
 }
 
 async function selectTab(name) {
@@ -119,13 +120,15 @@ async function plan(cmd) {
   await li.locator('input[name="start"]').fill(cmd.start_local); // the date picker is the OS's own
   await type(li.locator('input[name="hours"]'), String(cmd.hours));
   await shot(page, 'phone-06-plan-form');
+  const formSmall = await smallTargets();
+  const axeForm = await axe(page);
   await tap(li.locator('[data-action="plan-save"]'));
   await page.locator('#plan-summary').waitFor({ state: 'visible', timeout: 15000 });
   await page.waitForFunction((n) => document.querySelectorAll('#fence-list [data-fence-id]').length >= n, cmd.strips + 1, { timeout: 15000 });
   await tap(page.locator('#fit-btn'));
   await page.waitForTimeout(600);
   await shot(page, 'phone-07-plan-map');
-  return planState();
+  return { ...(await planState()), small_targets: formSmall, axe_form: axeForm };
 }
 
 async function planState() {
