@@ -371,6 +371,8 @@ def test_farmer_phone_flow_by_touch(stack):
         assert "strip 1/3" in (planned["now"] or "") and "strip 2/3" in (planned["next"] or ""), planned
         assert "active" in planned["windows"] and "upcoming" in planned["windows"], planned
         assert planned["small_targets"] == [] and planned["axe_form"] == [], planned
+        assert "Strip 1 · now" in planned["labels"] and fence_name not in planned["labels"], \
+            "the map labels the active strip, not the paddock it was cut from"
 
         # ... and follow it into the next window (the clock is moved through the API, not waited for)
         past = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 60))
@@ -382,6 +384,7 @@ def test_farmer_phone_flow_by_touch(stack):
         b.send(cmd="reload_plan", want_now="strip 2/3")
         moved = b.expect("plan_reloaded", timeout=60)
         assert "past" in moved["windows"] and "strip 3/3" in (moved["next"] or ""), moved
+        assert "Strip 2 · now" in moved["labels"] and "Strip 1 · now" not in moved["labels"], moved
 
         # 5. move a corner with a finger, rename with a new warning distance, then delete, by touch
         before = farm.get(f"/v1/fences/{fence_id}").json()["geometry"]["coordinates"]

@@ -125,8 +125,7 @@ async function plan(cmd) {
   await tap(li.locator('[data-action="plan-save"]'));
   await page.locator('#plan-summary').waitFor({ state: 'visible', timeout: 15000 });
   await page.waitForFunction((n) => document.querySelectorAll('#fence-list [data-fence-id]').length >= n, cmd.strips + 1, { timeout: 15000 });
-  await tap(page.locator('#fit-btn'));
-  await page.waitForTimeout(600);
+  await page.waitForTimeout(800); // the map zooms to the paddock
   await shot(page, 'phone-07-plan-map');
   return { ...(await planState()), small_targets: formSmall, axe_form: axeForm };
 }

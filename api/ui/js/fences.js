@@ -87,13 +87,15 @@ export function styleFence(id) {
   entry.layer.setStyle(fenceStyle(entry.color, false, win));
   // rebind the label only when it changes, and take the old one off the page ourselves: a permanent
   // tooltip rebound on every refresh was left behind in the label pane
-  const text = win === 'past' || (win === 'upcoming' && !isNextStrip(entry.feature)) ? null : labelText(entry.feature);
+  const text = win === 'past' || (win === 'upcoming' && !isNextStrip(entry.feature)) || hasLiveStrips(id)
+    ? null : labelText(entry.feature);
   const key = text && [text, win, JSON.stringify(entry.feature.geometry)].join('|');
   if (entry.labelKey !== key) {
     const old = entry.layer.getTooltip();
     if (old) { const oldEl = old.getElement(); entry.layer.unbindTooltip(); if (oldEl) oldEl.remove(); }
     if (text) {
-      entry.layer.bindTooltip(esc(text), { permanent: true, direction: 'center',
+      // the next strip's label sits a line lower than the active one's: side by side they would overlap
+      entry.layer.bindTooltip(esc(text), { permanent: true, direction: 'center', offset: win === 'upcoming' ? [0, 30] : [0, 0],
         className: 'fence-label fence-label--' + win, pane: 'fenceLabels', interactive: false });
     }
     entry.labelKey = key;
@@ -104,6 +106,15 @@ export function styleFence(id) {
 
 // Of a plan's strips still to come, only the next one is labelled: narrow strips side by side would
 // otherwise bury each other's labels (the list says when each one starts).
+// A paddock cut into strips that are active or still to come: its strips carry the labels.
+function hasLiveStrips(id) {
+  for (const other of state.fences.values()) {
+    const p = other.feature.properties || {};
+    if (p.plan_of === id && windowState(p) !== 'past') return true;
+  }
+  return false;
+}
+
 function isNextStrip(feature) {
   const props = feature.properties || {};
   if (props.plan_of == null) return true;
