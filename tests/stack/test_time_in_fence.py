@@ -74,7 +74,9 @@ def test_other_farms_ids_are_not_found_and_bad_params_name_the_field(stack, graz
     assert other.api.get("/v1/time-in-fence", params={"device_id": "cow-t1"}).status_code == 404
     for params, field in [({"from": "yesterday-ish"}, "from"), ({"to": "soon"}, "to"),
                           ({"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "from"),
-                          ({"from": "2020-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "from")]:
+                          ({"from": "2020-01-01T00:00:00Z", "to": "2026-01-01T00:00:00Z"}, "from"),
+                          ({"from": "99999999999999999"}, "from"), ({"to": "-" + "9" * 30}, "to"),
+                          ({"from": "nan"}, "from"), ({"fence_id": "f" * 300}, "fence_id")]:
         res = farm.api.get("/v1/time-in-fence", params=params)
         assert res.status_code == 422 and field in str(res.json()["detail"]), (params, res.text)
     assert stack.client(None).get("/v1/time-in-fence").status_code == 401
