@@ -204,6 +204,7 @@ def test_farmer_draws_fence_and_sees_exit_alert(stack):
         assert out["flash"] is True and out["last_exit"], f"no EXIT flash: {out!r}"
         assert device_id in out["alert"] and "left" in out["alert"]
         assert out["sse_events"] >= 1, "no fence event arrived over /v1/events/stream (only by polling)"
+        assert out["axe"] == [], f"axe on the desktop app with alerts: {out['axe']}"
         events = farm.get("/v1/events", params={"device_id": device_id}).json()["events"]
         assert [e["type"] for e in events if e["fence_id"] == fence_id][-2:] == ["enter", "exit"], events
 
@@ -246,19 +247,17 @@ def _wait_event(farm: httpx.Client, device_id: str, fence_id: str, kind: str, ti
 
 
 def _edge_point(ring, inset_m: float) -> tuple[float, float]:
-    """A point `inset_m` inside the fence from the middle of its easternmost edge."""
-    from shapely.geometry import Point, Polygon
+    """A point `inset_m` inside the fence from its edge due east of the centroid."""
+    import math
+
+    from shapely.geometry import LineString, Polygon
 
     poly = Polygon(ring)
-    c = poly.centroid
-    lat_k = 110_540.0
-    lon_k = 111_320.0 * __import__("math").cos(__import__("math").radians(c.y))
-    east = max(p[0] for p in ring)
-    for step in range(0, 4000):       # walk east from the centroid to the edge, then back inset_m
-        lon = c.x + step * 0.2 / lon_k
-        if not poly.contains(Point(lon, c.y)):
-            return lon - inset_m / lon_k, c.y
-    return east - inset_m / lon_k, c.y
+    c = poly.representative_point()
+    lon_m = 111_320.0 * math.cos(math.radians(c.y))
+    ray = LineString([(c.x, c.y), (max(p[0] for p in ring) + 1, c.y)])
+    edge_lon = min(pt[0] for pt in ray.intersection(poly.exterior).coords)
+    return edge_lon - inset_m / lon_m, c.y
 
 
 def test_farmer_phone_flow_by_touch(stack):

@@ -125,6 +125,7 @@ async function run() {
         extra.last_exit = await page.evaluate(() => document.body.getAttribute('data-last-exit'));
         extra.toast = (await page.textContent('#toast')).trim();
         extra.sse_events = await page.evaluate(() => window.herdfence.state.sseEvents);
+        extra.axe = await axe(page); // the desktop app with a fence, an animal and alerts
       }
       await shot(cmd.screenshot || ('device-' + cmd.state));
       lastBox = box || lastBox;
