@@ -5,7 +5,8 @@ import { api, describeError } from './api.js';
 import { clearError, handleApiFailure, setUnauthorizedHandler } from './notify.js';
 import { map, initMap, setTiles, fitAll, fenceGroup, herdGroup, trailGroup, DEFAULT_TILES } from './map.js';
 import { isDrawing, stopDrawing, undoCorner, finishDrawing } from './draw.js';
-import { loadFences, renderFences, restyleWindows, beginDrawing, discardPending, savePendingFence,
+import { restyleWindows } from './fence-layers.js';
+import { loadFences, renderFences, beginDrawing, discardPending, savePendingFence,
   onFenceListClick, onFenceListSubmit, onFenceListKey } from './fences.js';
 import { loadPositions, renderDevices, focusDevice, setHerdFilter } from './herd.js';
 import { loadEvents, renderAlerts, openStream, closeStream, resetConnection, ensureAudio, beep } from './alerts.js';
