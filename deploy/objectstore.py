@@ -24,8 +24,10 @@ rename that follows it are atomic without locks. Loopback only, no authenticatio
 from __future__ import annotations
 
 import argparse
+import asyncio
 import bisect
 import email.utils
+import logging
 import os
 import uuid
 from dataclasses import dataclass
@@ -349,11 +351,25 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m deploy.objectstore", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", required=True, type=Path)
     p.add_argument("--port", required=True, type=int)
+    p.add_argument("--checkpoint", type=Path, help="the job's checkpoint: consumed gps.reports objects are "
+                                                   "deleted after --keep-seconds (deploy/broker_retention.py)")
+    p.add_argument("--keep-seconds", type=float, default=600.0)
     args = p.parse_args(argv)
     from fencing.config import TUNING
-    app = S3App(DiskStore(args.root, fsync=TUNING.objectstore_fsync))
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
-                http="httptools", loop="uvloop", lifespan="off")
+    store = DiskStore(args.root, fsync=TUNING.objectstore_fsync)
+    config = uvicorn.Config(S3App(store), host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
+                            http="httptools", loop="uvloop", lifespan="off")
+    server = uvicorn.Server(config)
+
+    async def serve() -> None:
+        if args.checkpoint:
+            from deploy.broker_retention import Retention
+            # on the server's own loop: a sweep's deletes never interleave with a request
+            asyncio.get_running_loop().create_task(Retention(store, args.checkpoint, args.keep_seconds).run())
+        await server.serve()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import uvloop
+    uvloop.run(serve())
 
 
 if __name__ == "__main__":

@@ -285,10 +285,11 @@ def _job_status(settings: Settings) -> dict[str, dict]:
     with the process record it runs under ("process"). Before any lease (starting), by record."""
     found = {name: _proc_status(settings, name) for name in JOBS if procs.read_record(settings, name)}
     found.setdefault(JOB, _proc_status(settings, JOB))
-    holder = None
+    holder = ready = None
     try:
-        from fencing.model.lease import lease_holder
-        holder = lease_holder(redis_cluster.connect(settings))
+        from fencing.model.lease import lease_holder, standby_holder
+        redis = redis_cluster.connect(settings)
+        holder, ready = lease_holder(redis), standby_holder(redis)
     except Exception:  # noqa: BLE001 - Redis away: report by record
         pass
     active = next((n for n, s in found.items() if holder and s["pid"] and holder.endswith(f":{s['pid']}")), None)
@@ -298,6 +299,8 @@ def _job_status(settings: Settings) -> dict[str, dict]:
     for role, name in zip(JOBS, order):
         out[role] = {**found[name], "process": name,
                      "role": "active" if name == active else "standby" if active else "starting"}
+        if out[role]["role"] == "standby":          # warm and waiting (fencing.stream.job)
+            out[role]["ready"] = bool(ready and found[name]["pid"] and ready.endswith(f":{found[name]['pid']}"))
     return out
 
 

@@ -14,14 +14,10 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, DataLossError, KafkaRange
+from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, FETCH_WAIT_MS, DataLossError, KafkaRange
 
 log = logging.getLogger("herdfence.ingest")
 STALL_TIMEOUT_S = 120.0  # no progress for this long inside a range that should exist → error
-# A range is read below the log end, so a fetch always finds data and this wait is never paid in
-# full; but Tansu answers an empty fetch when its storage takes longer than the wait (on its disk
-# engine a fetch lists the partition's objects), and at 5 ms a restarted reader made no progress at all.
-FETCH_WAIT_MS = 100
 
 
 def _batch(r: KafkaRange, keys: list, values: list, offsets: list, ts_ms: list) -> pa.RecordBatch:

@@ -21,7 +21,6 @@ import pandas as pd
 
 from fencing.model import keys
 from fencing.model.heartbeat import read_heartbeat, recent_heartbeats
-from fencing.stream.keep_warm import STANDBY_WARM_KEY
 from loadgen.bench_stack import bench_stack, machine, say
 
 SAMPLE_DEVICES = 64
@@ -96,12 +95,9 @@ def _active_job(settings) -> tuple[str, int, int] | None:
     from fencing.model.redis_conn import cluster
     jobs = _job_status(settings)
     active, standby = jobs.get("job", {}), jobs.get("job_standby", {})
-    if active.get("role") != "active" or standby.get("role") != "standby" or not standby.get("pid"):
-        return None
+    if active.get("role") != "active" or not standby.get("ready"):
+        return None                         # no active job yet, or the standby is not warm and waiting
     redis = cluster(*settings.redis_node)
-    warm = redis.get(STANDBY_WARM_KEY)
-    if not warm or orjson.loads(warm).get("driver_pid") != standby["pid"]:
-        return None                         # the standby has not warmed its workers yet
     beat = read_heartbeat(redis)
     if not beat or not beat.holder.endswith(f":{active['pid']}"):
         return None                         # the active job has not completed a batch yet
@@ -132,13 +128,19 @@ def _recovery(sampler: LagSampler, fault_at: float, threshold_s: float, timeout:
     raise RuntimeError(f"the lag did not come back under {threshold_s:.2f} s within {timeout:.0f} s")
 
 
-def _takeover_ms(redis, fault_at: float, old_epoch: int) -> tuple[int, int]:
-    """(ms from the fault to the first heartbeat of a newer epoch, that epoch)."""
+def _takeover(redis, fault_at: float, old_epoch: int) -> dict:
+    """The take-over's timeline from the first heartbeat of a newer epoch: ms from the fault to it, and
+    its parts (fault → lease taken → that first batch done)."""
     def newer():
         beats = [b for b in recent_heartbeats(redis, 200) if b.epoch > old_epoch and b.time >= fault_at]
         return min(beats, key=lambda b: b.time) if beats else None
     beat = _wait("a heartbeat of the new active job", newer, 120)
-    return round((beat.time - fault_at) * 1000), beat.epoch
+    out = {"takeover_ms": round((beat.time - fault_at) * 1000), "epoch": beat.epoch,
+           "first_batch_points": beat.points}
+    if beat.active_since:
+        out.update(lease_taken_ms=round((beat.active_since - fault_at) * 1000),
+                   first_batch_done_ms=round((beat.time - beat.active_since) * 1000))
+    return out
 
 
 def failover(rate: float, devices: int, fences: int, json_path: str | None, steady_s: float = 15.0,
@@ -186,8 +188,9 @@ def failover(rate: float, devices: int, fences: int, json_path: str | None, stea
             else:
                 say(f"SIGSTOP of the active job's process group ({name}, pid {pid}, epoch {epoch}) past its lease")
                 os.killpg(pid, signal.SIGSTOP)
-            took_ms, new_epoch = _takeover_ms(redis, fault_at, epoch)
-            result = {"takeover_ms": took_ms, **_recovery(sampler, fault_at, threshold), "epoch": new_epoch}
+            result = _takeover(redis, fault_at, epoch)
+            took_ms = result["takeover_ms"]
+            result.update(_recovery(sampler, fault_at, threshold))
             if mode == "stop":
                 time.sleep(max(0.0, TUNING.lease_ms / 1000 + 3 - (time.time() - fault_at)))
                 resumed_at = time.time()

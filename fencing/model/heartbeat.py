@@ -94,6 +94,7 @@ class Heartbeat:
     readers: list[ReaderTiming] = field(default_factory=list)
     epoch: int = 0                        # the lease epoch the batch was written under
     holder: str = ""                      # the job process that wrote it (host:pid)
+    active_since: float = 0.0             # when that process took the lease (epoch seconds)
 
     @property
     def handled_total(self) -> int:

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 
 LEASE_KEY = "{job}:lease"       # the holder's id, with a TTL
 EPOCH_KEY = "{job}:epoch"       # incremented by every take-over (same slot as the lease)
+STANDBY_KEY = "{job}:standby"   # the holder id of the job process standing by, warm, for the lease
 LUA_UNPACK_MAX = 7_000          # Lua's unpack() takes ~8,000 values at most: longer commands are split
 
 _ACQUIRE = """
@@ -161,6 +162,16 @@ class Lease:
             self._release(keys=[self.lease_key], args=[self.holder])
         except Exception:  # noqa: BLE001 - it expires anyway
             pass
+
+
+def mark_standby(redis, holder: str) -> None:
+    """This process is warm and waits for the lease (what `status` and the failover benchmark read)."""
+    redis.set(STANDBY_KEY, holder)
+
+
+def standby_holder(redis) -> str | None:
+    """The id of the job process last marked as a warm standby (check that it still runs)."""
+    return redis.get(STANDBY_KEY)
 
 
 def lease_holder(redis) -> str | None:

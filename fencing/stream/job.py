@@ -29,7 +29,7 @@ from fencing.config import TOPIC_REPORTS, Settings, load_settings
 from fencing.elastic import routing
 from fencing.model.fence_store import DELETED_FENCES
 from fencing.model.heartbeat import Heartbeat, PartitionStats, ReaderTiming
-from fencing.model.lease import Lease
+from fencing.model.lease import Lease, mark_standby
 from fencing.stream.prepare import unpack
 from fencing.stream.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
     ProcessContext, process_partition
@@ -62,6 +62,8 @@ class BatchProcessor:
         self.elastic = ELASTIC
         self.last_batch_end = time.time()     # the keep-warm thread runs only while the stream is idle
         self.holder = ""                      # this process's id in the lease
+        self.active_since = 0.0               # when it took the lease (0: a test's processor)
+        self.batches_run = 0
 
     @property
     def epoch(self) -> int:
@@ -82,6 +84,9 @@ class BatchProcessor:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.time()
+        if self.active_since and not self.batches_run:     # the take-over's timeline (issue 19)
+            log.info("first batch %s starts %.2f s after this job took the lease", batch_id, started - self.active_since)
+        self.batches_run += 1
         table = routing.load(self.redis)
         n = table.partitions
         host, port = self.settings.redis_node
@@ -134,7 +139,7 @@ class BatchProcessor:
             # foreachBatch, walCommit, commitOffsets): what a batch costs outside the tasks
             previous_trigger_ms=dict(progress[0].get("durationMs") or {}) if progress else {},
             spark_s=round(spark_s, 3), sinks_s=round(sinks_s, 3), readers=readers,
-            epoch=self.epoch, holder=self.holder)
+            epoch=self.epoch, holder=self.holder, active_since=self.active_since)
         beat.write(self.redis, self.epoch)
         if self.observer is not None:
             self.observer(beat)
@@ -221,6 +226,7 @@ def main() -> None:
     writer = query_writer(spark, settings, processor)
     processor.epoch = epoch
     if not processor.epoch:         # another job is active: stand by, warm
+        _try(lambda: mark_standby(processor.redis, processor.holder), "marking the standby ready")
         log.info("herdfence job %s ready; standing by for the lease", processor.holder)
         processor.epoch = lease.acquire(stop=waiting)
     if not processor.epoch:        # SIGTERM while standing by
@@ -233,7 +239,9 @@ def main() -> None:
     if ELASTIC:
         from fencing.elastic.controller import Controller
         processor.observer = Controller(processor.redis)
+    processor.active_since = time.time()
     query = writer.start()
+    log.info("query started in %.2f s", time.time() - processor.active_since)
     SilentScanner(processor.redis, processor.sinks).start()
     if RETENTION_DAYS > 0:
         EventRetention(processor.redis).start()

@@ -31,6 +31,11 @@ def _warm_task(redis_node: tuple[str, int]):
 
         from fencing.stream.fence_cache import process_cache
         from fencing.model.redis_conn import cluster
+        # what a micro-batch's tasks import (readers and process stage): a standby that takes over
+        # then pays no module loading in its first batch
+        import fencing.stream.prepare  # noqa: F401
+        import fencing.stream.process  # noqa: F401
+        import ingest.kafka_read  # noqa: F401
         for _ in batches:
             pass
         started = time.perf_counter()

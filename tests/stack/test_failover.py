@@ -12,11 +12,9 @@ import threading
 import time
 from pathlib import Path
 
-import orjson
 import pytest
 
 from fencing.model.heartbeat import read_heartbeat, recent_heartbeats
-from fencing.stream.keep_warm import STANDBY_WARM_KEY
 from loadgen import kafka_writer
 from tests.chaoskit import Herd, alive, wait_until
 from tests.conftest import HERDFENCE, OFFSET, ROOT, Stack
@@ -60,11 +58,9 @@ def _roles(stack: Stack) -> dict[str, dict] | None:
     import json
     comps = json.loads(stack.cli("status", "--json", check=False) or "{}").get("components", {})
     active, standby = comps.get("job", {}), comps.get("job_standby", {})
-    if active.get("role") == "active" and standby.get("role") == "standby" and alive(standby.get("pid")) \
-            and alive(active.get("pid")) and active["pid"] != standby["pid"]:
-        warm = _redis(stack).get(STANDBY_WARM_KEY)          # the standby has warmed its Python workers
-        if warm and orjson.loads(warm).get("driver_pid") == standby["pid"]:
-            return {"active": active, "standby": standby}
+    if active.get("role") == "active" and standby.get("role") == "standby" and standby.get("ready") \
+            and alive(standby.get("pid")) and alive(active.get("pid")) and active["pid"] != standby["pid"]:
+        return {"active": active, "standby": standby}
     return None
 
 
