@@ -73,6 +73,7 @@ def _exchange(node, commands: list[tuple]) -> list:  # noqa: ANN001 - redis-py C
 _WRITES = frozenset(("HSET", "HDEL", "SADD", "SREM", "ZADD", "ZREM", "SET", "DEL", "LPUSH", "LTRIM", "XADD",
                      "EXPIRE", "PEXPIRE", "INCR", "INCRBY", "HINCRBY"))
 _FENCED_SCRIPTS: dict[int, object] = {}
+_MARKS: dict[str, str] = {}         # key → the epoch mark of its slot (keys repeat batch after batch)
 
 
 def fenced_script(redis):  # noqa: ANN001, ANN201 - RedisCluster, redis Script
@@ -110,16 +111,21 @@ class NodePipeline:
         return len(self._calls) - 1
 
     def _fenced(self, key: str, args: tuple) -> int:
-        from fencing.model.lease import epoch_key, split_command
+        from fencing.model.lease import LUA_UNPACK_MAX, epoch_key, split_command
         script = fenced_script(self.redis)
-        mark = epoch_key(args[1] if isinstance(args[1], str) else args[1].decode())
-        index = -1
-        for part in split_command(args):
-            rest = [self.epoch, part[0], *part[2:]]
-            self._calls.append((key, ("EVALSHA", script.sha, 2, mark, part[1], *rest)))
-            index = len(self._calls) - 1
-            self._retry[index] = lambda keys=[mark, part[1]], args=rest: script(keys=keys, args=args)
-        return index
+        target = args[1] if isinstance(args[1], str) else args[1].decode()
+        mark = _MARKS.get(target)
+        if mark is None:
+            if len(_MARKS) > 100_000:
+                _MARKS.clear()
+            mark = _MARKS[target] = epoch_key(target)
+        parts = [args] if len(args) <= LUA_UNPACK_MAX else split_command(args)
+        for part in parts:
+            # EVALSHA sha 2 <mark> <key> <epoch> <command> <its arguments after the key>: one copy
+            self._calls.append((key, ("EVALSHA", script.sha, 2, mark, part[1], self.epoch, part[0], *part[2:])))
+            self._retry[len(self._calls) - 1] = lambda part=part, mark=mark: script(
+                keys=[mark, part[1]], args=[self.epoch, part[0], *part[2:]])
+        return len(self._calls) - 1
 
     def script(self, script, keys: list[str], args: list) -> int:  # noqa: ANN001 - redis Script
         """EVALSHA of a registered script; run alone (loading the script where missing) on failure."""
