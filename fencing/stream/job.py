@@ -219,6 +219,7 @@ def main() -> None:
     # on a cluster holds no executors (they would be taken from the active job): it warms its driver only.
     keep_warm = KeepWarm(spark, processor.redis, settings.redis_node, lambda: processor.last_batch_end,
                          status_key=STANDBY_WARM_KEY if not epoch else ACTIVE_WARM_KEY)
+    keep_warm.planner = not epoch
     warm_executors = bool(epoch) or is_local(settings.spark_master_url)
     if warm_executors:
         _try(keep_warm.warm_once, "warming the Python workers")
@@ -235,7 +236,7 @@ def main() -> None:
     if not warm_executors:
         keep_warm.start()
         start_scale_watcher(spark)
-    keep_warm.status_key = ACTIVE_WARM_KEY
+    keep_warm.status_key, keep_warm.planner = ACTIVE_WARM_KEY, False
     if ELASTIC:
         from fencing.elastic.controller import Controller
         processor.observer = Controller(processor.redis)

@@ -9,6 +9,10 @@ the same version. The route values (salts) come from `routing.partition_salts`, 
 partitioner in Python, so no Spark job is needed on the executors.
 
 Options: herdkafka's, plus `redis` = a cluster node "host:port".
+
+The reading stage (fencing.stream.prepare: geometry, pandas, H3) is imported where it runs, not at the
+top: the driver's source runner, a fresh Python process started with the query (and again when a
+standby takes over), needs only the offsets' side.
 """
 from __future__ import annotations
 
@@ -17,7 +21,6 @@ from typing import Iterator
 import pyarrow as pa
 
 from fencing.elastic import routing
-from fencing.stream.prepare import SHUFFLED_DDL, PrepareContext, prepare_partition
 from fencing.model.redis_conn import cluster
 from ingest.kafka_source import KafkaDataSource, KafkaRange, KafkaStreamReader, SourceOptions
 
@@ -31,6 +34,7 @@ class RoutedReportsReader(KafkaStreamReader):
         return {**super().__getstate__(), "redis_node": self.redis_node}
 
     def read(self, partition: KafkaRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        from fencing.stream.prepare import PrepareContext, prepare_partition
         from ingest.kafka_read import read_range
         host, port = self.redis_node
         table = routing.load(cluster(host, port))
@@ -44,6 +48,7 @@ class RoutedReportsSource(KafkaDataSource):
         return "herdreports"
 
     def schema(self) -> str:
+        from fencing.stream.prepare import SHUFFLED_DDL
         return SHUFFLED_DDL
 
     def streamReader(self, schema) -> RoutedReportsReader:  # noqa: ANN001 - StructType
