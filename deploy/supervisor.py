@@ -10,6 +10,7 @@ record (HERDFENCE_HOME/run/<name>.json), where `status` reads it.
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -112,11 +113,37 @@ class Supervisor:
             stop.wait(interval_s)
 
 
+def owner_gone(owner_pid: int) -> bool:
+    """HERDFENCE_OWNER_PID names the process a stack belongs to (a benchmark's or a test session's
+    private stack); 0: none."""
+    if not owner_pid:
+        return False
+    try:
+        with open(f"/proc/{owner_pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except (FileNotFoundError, IndexError):
+        return True
+
+
 def main() -> None:
+    from fencing.config import TUNING
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    Supervisor(load_settings()).run(stop)
+    settings = load_settings()
+    if TUNING.owner_pid:
+        # a private stack dies with its owner (an OOM-killed benchmark left one running before)
+        def watch_owner() -> None:
+            while not stop.wait(1.0):
+                if owner_gone(TUNING.owner_pid):
+                    print(f"herdfence supervisor: owner pid {TUNING.owner_pid} is gone; stopping the stack",
+                          file=sys.stderr, flush=True)
+                    stop.set()
+                    # `down` stops this supervisor too (it is exiting anyway), then everything else
+                    subprocess.Popen([sys.executable, "-m", "deploy.cli", "down"], start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        threading.Thread(target=watch_owner, name="owner", daemon=True).start()
+    Supervisor(settings).run(stop)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ class Tuning:
     api_workers: int = 2                         # HERDFENCE_API_WORKERS
     objectstore_fsync: bool = False              # HERDFENCE_OBJECTSTORE_FSYNC
     broker_keep_s: float = 600.0                 # HERDFENCE_BROKER_KEEP_SECONDS: consumed gps.reports kept this long
+    owner_pid: int = 0                           # HERDFENCE_OWNER_PID: the stack stops when this process is gone
     job_standby: bool = True                     # HERDFENCE_JOB_STANDBY: a hot standby job beside the active one
     lease_ms: int = 1000                         # HERDFENCE_JOB_LEASE_MS: the active job's lease
 
@@ -106,6 +107,7 @@ def load_tuning(env: dict[str, str] | None = None) -> Tuning:
         api_workers=number(env, "HERDFENCE_API_WORKERS", d.api_workers, 1, int),
         objectstore_fsync=flag(env, "HERDFENCE_OBJECTSTORE_FSYNC", d.objectstore_fsync),
         broker_keep_s=number(env, "HERDFENCE_BROKER_KEEP_SECONDS", d.broker_keep_s, 0.0),
+        owner_pid=number(env, "HERDFENCE_OWNER_PID", d.owner_pid, 0, int),
         job_standby=flag(env, "HERDFENCE_JOB_STANDBY", d.job_standby),
         lease_ms=number(env, "HERDFENCE_JOB_LEASE_MS", d.lease_ms, 300, int),
     )

@@ -68,7 +68,9 @@ def stack(tmp_path_factory) -> Stack:
                # one job process: the hot standby has its own stack (tests/stack/test_failover.py)
                HERDFENCE_JOB_STANDBY="0",
                # the suite's webhook receivers listen on 127.0.0.1
-               HERDFENCE_WEBHOOK_ALLOW_PRIVATE="1")
+               HERDFENCE_WEBHOOK_ALLOW_PRIVATE="1",
+               # a test session killed before its teardown does not leave its stack running
+               HERDFENCE_OWNER_PID=str(os.getpid()))
     s = Stack(env=env, api_url=f"http://127.0.0.1:{TEST_PORTS['HERDFENCE_API_PORT']}")
     try:
         s.cli("up", "--detach", timeout=600)

@@ -401,3 +401,38 @@ def test_compose_workers_reach_the_master_and_driver_is_reachable(compose):
     assert {int(job["environment"]["HERDFENCE_DRIVER_PORT"]),
             int(job["environment"]["HERDFENCE_BLOCKMANAGER_PORT"])} <= _exposed(job)
     assert master["image"] == worker["image"] == job["image"]
+
+
+def test_a_stack_stops_when_its_owner_process_is_gone(tmp_path):
+    """HERDFENCE_OWNER_PID (a benchmark's or a test session's private stack): the supervisor stops every
+    component once that process is gone. Real processes: a supervisor, a recorded component, an owner."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from deploy import procs
+    from fencing.config import load_settings
+    from tests.chaoskit import alive, wait_until
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
+    owner = subprocess.Popen(["sleep", "300"])
+    env.update(HERDFENCE_HOME=str(tmp_path), HERDFENCE_OWNER_PID=str(owner.pid))
+    settings = load_settings(env)
+    component = procs.start(settings, procs.ProcSpec(name="api", argv=["sleep", "300"], markers=["sleep 300"]))
+    supervisor = subprocess.Popen([sys.executable, "-m", "deploy.supervisor"], env=env, cwd=ROOT,
+                                  start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(2.0)
+        assert alive(component.pid) and supervisor.poll() is None, "nothing stops while the owner lives"
+        owner.kill()
+        owner.wait()
+        wait_until(lambda: supervisor.poll() is not None and not alive(component.pid), 30, interval=0.2,
+                   what="the supervisor to stop the stack of a gone owner")
+        assert "owner pid" in supervisor.stderr.read()
+    finally:
+        for pid in (component.pid, supervisor.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
