@@ -17,10 +17,12 @@ import time
 from dataclasses import dataclass, field
 
 from deploy import broker, procs
-from fencing.config import Settings, load_settings
+from fencing.config import TUNING, Settings, load_settings
 
 NAME = "supervisor"
-LAST = ("job", "job_standby", "api")
+JOBS = ("job", "job_standby")
+LAST = (*JOBS, "api")
+STANDBY_RESTART_DELAY_S = 8.0
 
 
 def supervised(settings: Settings) -> tuple[str, ...]:
@@ -57,6 +59,7 @@ class Supervisor:
     log: callable = field(default=lambda msg: print(f"herdfence supervisor: {msg}", file=sys.stderr,
                                                     flush=True))
     _tracks: dict[str, _Track] = field(default_factory=dict)
+    standby: bool = field(default_factory=lambda: TUNING.job_standby)     # a hot standby job runs
 
     def step(self, now: float | None = None) -> None:
         """One pass: restart what crashed and is due. Components without a record are not ours."""
@@ -80,6 +83,10 @@ class Supervisor:
                 continue
             if track.next_try is None:
                 delay = min(self.policy.base_delay_s * 2 ** track.attempts, self.policy.max_delay_s)
+                if name in JOBS and self.standby and track.attempts == 0:
+                    # the other job process is taking over: its first batches get the cores before
+                    # this one starts a JVM to become the next standby
+                    delay = max(delay, STANDBY_RESTART_DELAY_S)
                 track.next_try = now + delay
                 self.log(f"{name} (pid {rec.pid}) is not running; restarting in {delay:.0f} s")
             if now >= track.next_try:
@@ -126,7 +133,6 @@ def owner_gone(owner_pid: int) -> bool:
 
 
 def main() -> None:
-    from fencing.config import TUNING
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
