@@ -54,7 +54,7 @@ class KeepWarm(Periodic):
         self.spark, self.redis, self.redis_node = spark, redis, redis_node
         self.last_activity = last_activity
         self.runs = 0
-        self.planner = False        # also warm the source's planner (a standby: fencing.stream.warm_planner)
+        self.planner = False        # a standby: also warm the source's planner and the batch's operators
 
     def tick(self) -> None:
         if time.time() - self.last_activity() >= self.every_s:   # else micro-batches keep the workers busy
@@ -66,9 +66,11 @@ class KeepWarm(Periodic):
         n = max(1, sc.defaultParallelism)
         rows = [r.asDict() for r in self.spark.range(0, n, 1, n)
                 .mapInArrow(_warm_task(self.redis_node), "pid long, fences long").collect()]
-        if self.planner:
-            from fencing.stream.warm_planner import warm_planner
+        if self.planner:          # a standby: also what the first batch after a take-over would pay
+            from fencing.elastic import routing
+            from fencing.stream.warm_standby import warm_batch_path, warm_planner
             warm_planner(self.spark)
+            warm_batch_path(self.spark, routing.load(self.redis).partitions)
         self.runs += 1
         self.redis.set(self.status_key, orjson.dumps({"time": time.time(), "runs": self.runs, "tasks": rows,
                                                       "driver_pid": os.getpid()}))
