@@ -93,14 +93,14 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     if not is_local(spark.sparkContext.master):
-        _ship_code(spark)
+        _ship_code(spark, probe=not standby)     # a probe job would take an executor from the active job
         if not standby:         # a standby applies no executor requests until it is active
             start_scale_watcher(spark)
     return spark
 
 
 # --- the executors' code ----------------------------------------------------------------------------
-def _ship_code(spark: SparkSession) -> None:
+def _ship_code(spark: SparkSession, probe: bool = True) -> None:
     from fencing.config import PYFILES_ENV, pyfiles_from_env
     files = pyfiles_from_env()
     submitted = [f for f in spark.sparkContext.getConf().get("spark.submit.pyFiles", "").split(",") if f]
@@ -115,7 +115,8 @@ def _ship_code(spark: SparkSession) -> None:
             raise FileNotFoundError(f"{PYFILES_ENV}: {path} does not exist")
         spark.sparkContext.addPyFile(path)
         log.info("shipping %s to the executors (addPyFile)", path)
-    threading.Thread(target=_probe, args=(spark,), name="herdfence-probe", daemon=True).start()
+    if probe:
+        threading.Thread(target=_probe, args=(spark,), name="herdfence-probe", daemon=True).start()
 
 
 def where_am_i(_: object) -> dict:

@@ -62,8 +62,12 @@ def _master_json() -> dict:
 
 def _executor_dirs(stack: Stack) -> dict[str, Path]:
     """{executor id: its work dir} of the job's application on the local workers."""
-    apps = sorted((_home(stack) / "spark" / "work").glob("app-*"))
-    return {d.name: d for d in apps[-1].iterdir() if d.is_dir()} if apps else {}
+    # the newest application with executors: the hot standby's application holds none
+    for app in sorted((_home(stack) / "spark" / "work").glob("app-*"), reverse=True):
+        dirs = {d.name: d for d in app.iterdir() if d.is_dir()}
+        if dirs:
+            return dirs
+    return {}
 
 
 def _tasks_run(d: Path) -> int:
@@ -82,7 +86,10 @@ def test_status_shows_standalone_cluster(stack):
     assert comps["spark_master"]["port"] == SPARK_PORT
     assert comps["spark_master"]["alive_workers"] == 2
     state = _master_json()
-    assert [a["name"] for a in state["activeapps"]] == ["herdfence"]
+    # the job and its hot standby, a second application that holds no executor while it stands by
+    apps = state["activeapps"]
+    assert [a["name"] for a in apps] == ["herdfence", "herdfence"], apps
+    assert sorted(a["cores"] for a in apps)[0] == 0, apps
 
 
 def test_executors_import_the_shipped_artefact(stack):
@@ -96,8 +103,9 @@ def test_executors_import_the_shipped_artefact(stack):
         assert f"{zip_path.name}/fencing/__init__.py" in w["fencing"], w
         assert f"{zip_path.name}/ingest/__init__.py" in w["ingest"], w
         assert str(ROOT) not in w["fencing"] and w["executor_cwd"].startswith(str(home / "spark" / "work"))
-    # the job's log says so too
-    log = (home / "run" / "job.log").read_text(errors="replace")
+    # the job's log says so too (the active job's: either job process may hold the lease)
+    log = "".join((home / "run" / f"{name}.log").read_text(errors="replace") for name in ("job", "job_standby")
+                  if (home / "run" / f"{name}.log").exists())
     assert f"imports fencing from ./{zip_path.name}/fencing/__init__.py" in log
 
 
@@ -138,7 +146,10 @@ def test_add_a_worker_and_the_job_uses_it(stack):
     wait_for(lambda: (lambda e: e["executor_ids"] == sorted(set(dirs) - {newest.name}, key=int)
                       and e["last_request"].get("result", {}).get("killed") == [newest.name])(
         json.loads(stack.redis.get("job:executors"))), timeout=30, what="the executor killed")
-    wait_for(lambda: _master_json()["coresused"] == 2, timeout=30, what="2 cores in use, not replaced")
+    # not replaced: the job still runs on the other two a while later (the master's core count is no
+    # measure any more: the hot standby is a second application, free to take a core a worker offers)
+    time.sleep(10)
+    assert json.loads(stack.redis.get("job:executors"))["executor_ids"] == sorted(set(dirs) - {newest.name}, key=int)
 
 
 # --- configuration validated at start (no stack needed: `up` must refuse before starting anything) ----
