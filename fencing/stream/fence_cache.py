@@ -112,11 +112,15 @@ class FenceCache:
                 pipe.command(key, "HGETALL", key)
             loaded = [(group, version, {uid: orjson.loads(rec) for uid, rec in raw.items()})
                       for (group, version), raw in zip(stale, pipe.execute())]
-            self._parse_geometries([rec for _, _, records in loaded for rec in records.values()])
-            self._replace_groups(loaded)
+            self.install(loaded)
             if sum(len(records) for _, _, records in loaded) >= FREEZE_AFTER:
                 _freeze()
         return len(groups) + len(stale)
+
+    def install(self, loaded: list[tuple[str, int, dict[str, dict]]]) -> None:
+        """Install (group, version, {uid: record}) as read from Redis (the records `save_fence` writes)."""
+        self._parse_geometries([rec for _, _, records in loaded for rec in records.values()])
+        self._replace_groups(loaded)
 
     def _parse_geometries(self, records: list[dict]) -> None:
         """New or changed fences' WKB parsed and prepared in two vectorized calls, not one per fence
@@ -176,6 +180,21 @@ class FenceCache:
         by_point = np.argsort(point, kind="stable")
         return point[by_point], uid[by_point]
 
+    def match_segments(self, lon0: np.ndarray, lat0: np.ndarray, lon1: np.ndarray, lat1: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """All (segment, fence uid) pairs with the straight segment meeting the fence, whichever
+        shard holds it (a segment may cross groups): every shard's tree, pairs made distinct."""
+        if not len(lon0):
+            return np.empty(0, np.int64), np.empty(0, object)
+        segs = shapely.linestrings(np.stack([np.column_stack([lon0, lat0]), np.column_stack([lon1, lat1])], axis=1))
+        found = [index.match_segments(segs) for index in self.shards.values() if len(index)]
+        if not found:
+            return np.empty(0, np.int64), np.empty(0, object)
+        seg = np.concatenate([f[0] for f in found])
+        uid = np.concatenate([f[1] for f in found])
+        keep = ~pd.DataFrame({"s": seg, "u": uid}).duplicated().to_numpy()
+        return seg[keep], uid[keep]
+
     def _replace_groups(self, loaded: list[tuple[str, int, dict[str, dict]]]) -> None:
         """Install (group, version, {uid: record}) and reindex the touched fences, shard by shard."""
         touched: dict[int, set[str]] = {}
@@ -216,7 +235,8 @@ class FenceCache:
                           [p[0][1] if len(p) == 1 else np.concatenate([x[1] for x in p]) for _, p in put])
 
     def _remember(self, uid: str, record: dict) -> None:
-        self.rules[uid] = _rules(record["debounce_reports"], record["debounce_seconds"], record.get("dwell_seconds"))
+        self.rules[uid] = _rules(record["debounce_reports"], record["debounce_seconds"], record.get("dwell_seconds"),
+                                 record.get("warn_m") or 0.0, record.get("active_from"), record.get("active_to"))
         self.fence_farm[uid] = record["farm"]
 
 
@@ -232,9 +252,11 @@ def _freeze() -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _rules(debounce_reports, debounce_seconds, dwell_seconds) -> FenceRules:
+def _rules(debounce_reports, debounce_seconds, dwell_seconds, warn_m=0.0, active_from=None, active_to=None
+           ) -> FenceRules:
     """One shared (frozen) FenceRules per distinct setting: most fences use the defaults."""
-    return FenceRules(int(debounce_reports), float(debounce_seconds), dwell_seconds)
+    return FenceRules(int(debounce_reports), float(debounce_seconds), dwell_seconds, float(warn_m),
+                      active_from, active_to)
 
 
 _CACHE = FenceCache(preload=PRELOAD)

@@ -1,0 +1,168 @@
+"""Batch-level preparation of the per-report extras of `transitions.advance`, vectorized over a
+whole micro-batch: which matched fences each report is within `warn_m` of (APPROACH), and the
+segments between consecutive processed fixes that may imply crossings.
+
+Dense, in-order tracks pay almost nothing: no fence with warn_m → no distance; a segment is tested
+only when it is at least `crossings.MIN_STRETCH_M` long (a stretch inside or outside a fence can only
+count when it is that long), and then only against fences that both or neither of its ends are in.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import pandas as pd
+import shapely
+
+from fencing.model.crossings import ACCURACY_FACTOR, MIN_STRETCH_M, Segment, boundary_distance_m, inside_stretches, min_stretch_m, \
+    segment_length_m
+from fencing.model.fence_store import FenceRules
+from fencing.model.transitions import DeviceState, accepted_rows
+
+EMPTY: frozenset[str] = frozenset()
+
+
+class Fences(Protocol):
+    """What this module needs of the job's fence cache."""
+    rules: dict[str, FenceRules]
+    fence_farm: dict[str, str]
+
+    def geometry(self, uid: str) -> shapely.Geometry: ...
+
+    def match_segments(self, lon0, lat0, lon1, lat1) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+@dataclass(frozen=True)
+class Track:
+    """One batch's reports grouped by device in arrival order (device d: rows starts[d]:ends[d])."""
+    starts: np.ndarray
+    ends: np.ndarray
+    farm: np.ndarray        # object: farm of each row
+    ts: np.ndarray          # int64
+    lat: np.ndarray
+    lon: np.ndarray
+    accuracy: np.ndarray    # float, NaN = not given
+
+
+def near_rows(fences: Fences, point_idx: np.ndarray, code: np.ndarray, distinct: np.ndarray, lon: np.ndarray,
+              lat: np.ndarray) -> dict[int, frozenset[str]]:
+    """row → the fences it matched whose boundary is within their warn_m (only rows with one). The
+    matches are (point_idx, code) pairs, code indexing the distinct fence uids `distinct`."""
+    if not len(point_idx):
+        return {}
+    warn = np.array([fences.rules[u].warn_m if u in fences.rules else 0.0 for u in distinct], dtype=np.float64)
+    if not warn.any():
+        return {}
+    k = np.flatnonzero(warn[code] > 0)
+    if not len(k):
+        return {}
+    geoms = np.array([fences.geometry(u) for u in distinct], dtype=object)
+    rows, pair_codes = point_idx[k], code[k]
+    dist = boundary_distance_m(geoms[pair_codes], lon[rows], lat[rows])
+    hit = dist <= warn[pair_codes]
+    out: dict[int, set[str]] = {}
+    for row, c in zip(rows[hit].tolist(), pair_codes[hit].tolist()):
+        out.setdefault(row, set()).add(distinct[c])
+    return {r: frozenset(s) for r, s in out.items()}
+
+
+def taken_rows(track: Track, states: list[DeviceState]) -> tuple[np.ndarray, np.ndarray]:
+    """Per report whether `DeviceState.accept` takes it (ties resolved by that rule itself), and
+    per device the index of its last taken report in its run (-1: none)."""
+    taken, tied = accepted_rows(track.starts, track.ts, [s.last_ts for s in states])
+    for d in np.flatnonzero(tied).tolist():          # rare: a repeated time; the per-report rule
+        probe = DeviceState(states[d].last_ts, states[d].last_lat, states[d].last_lon)
+        lo, hi = int(track.starts[d]), int(track.ends[d])
+        taken[lo:hi] = [probe.accept(int(t), float(a), float(o)) for t, a, o in
+                        zip(track.ts[lo:hi].tolist(), track.lat[lo:hi].tolist(), track.lon[lo:hi].tolist())]
+    n = len(track.ts)
+    if not n:
+        return taken, np.empty(0, np.int64)
+    last = np.maximum.reduceat(np.where(taken, np.arange(n), -1), track.starts)
+    return taken, np.where(last >= 0, last - track.starts, -1)
+
+
+def batch_segments(fences: Fences, track: Track, states: list[DeviceState], taken: np.ndarray,
+                   point_idx: np.ndarray, code: np.ndarray, distinct: np.ndarray) -> dict[int, Segment]:
+    """row → the segment from the device's previous processed fix to it, with the fences to check
+    (both or neither end inside, the stretches inside each). Only rows with such a fence. States are
+    the devices' states before the batch, `taken` the reports they take (`taken_rows`);
+    (point_idx, code) the batch's (row, fence) matches, code indexing the fence uids `distinct`."""
+    rows = np.flatnonzero(taken)
+    if not len(rows):
+        return {}
+    device = np.repeat(np.arange(len(track.starts)), track.ends - track.starts)[rows]
+    first = np.r_[True, device[1:] != device[:-1]]
+    prev = np.r_[-1, rows[:-1]]
+    prev[first] = -1                                 # the device's first fix here: its state's last
+    known = np.array([s.last_ts is not None and s.last_lat is not None for s in states], dtype=bool)
+    has_prev = ~first | known[device]
+    rows, prev, device = rows[has_prev], prev[has_prev], device[has_prev]
+    from_state = prev < 0
+    state_lat = np.array([s.last_lat if s.last_lat is not None else np.nan for s in states], np.float64)
+    state_lon = np.array([s.last_lon if s.last_lon is not None else np.nan for s in states], np.float64)
+    state_ts = np.array([s.last_ts if s.last_ts is not None else 0 for s in states], np.int64)
+    state_acc = np.array([s.accuracy if s.accuracy is not None else np.nan for s in states], np.float64)
+    p = np.maximum(prev, 0)
+    lat0 = np.where(from_state, state_lat[device], track.lat[p])
+    lon0 = np.where(from_state, state_lon[device], track.lon[p])
+    t0 = np.where(from_state, state_ts[device], track.ts[p])
+    acc0 = np.where(from_state, state_acc[device], track.accuracy[p])
+    acc1 = track.accuracy[rows]
+    length = segment_length_m(lon0, lat0, track.lon[rows], track.lat[rows])
+    need = np.maximum(MIN_STRETCH_M, ACCURACY_FACTOR * np.fmax(np.nan_to_num(acc0, nan=0.0), np.nan_to_num(acc1, nan=0.0)))
+    long = length >= need
+    if not long.any():
+        return {}
+    rows, prev, device, from_state = rows[long], prev[long], device[long], from_state[long]
+    lat0, lon0, t0, acc0, acc1, length = lat0[long], lon0[long], t0[long], acc0[long], acc1[long], length[long]
+    seg, seg_uid = fences.match_segments(lon0, lat0, track.lon[rows], track.lat[rows])
+    if not len(seg):
+        return {}
+    # tenancy: a farm's devices meet that farm's fences only
+    own = np.array([fences.fence_farm.get(u, "") for u in seg_uid], dtype=object) == track.farm[rows[seg]]
+    seg, seg_uid = seg[own], seg_uid[own]
+    # which end is inside each fence: the batch's matches for rows here, the state's fences for a
+    # previous fix of an earlier batch (a fence it was inside is in its state unless it ended)
+    code_of = {u: c for c, u in enumerate(distinct.tolist())}
+    for u in seg_uid.tolist():          # fences met only by segments get codes after the matched ones
+        code_of.setdefault(u, len(code_of))
+    seg_code = np.array([code_of[u] for u in seg_uid.tolist()], dtype=np.int64)
+    width = len(code_of) + 1
+    matched_keys = np.asarray(point_idx, np.int64) * width + np.asarray(code, np.int64)
+    in1 = np.isin(rows[seg] * width + seg_code, matched_keys)
+    in0 = np.isin(np.maximum(prev[seg], 0) * width + seg_code, matched_keys)
+    state_keys = np.array([d * width + code_of[u] for d in np.unique(device[from_state]).tolist()
+                           for u in states[d].fences if u in code_of], dtype=np.int64)
+    in0 = np.where(from_state[seg], np.isin(device[seg] * width + seg_code, state_keys), in0)
+    keep = in0 == in1
+    seg, seg_uid, both = seg[keep], seg_uid[keep], in1[keep]
+    if not len(seg):
+        return {}
+    geoms = np.array([fences.geometry(u) for u in seg_uid], dtype=object)
+    ends = (lon0[seg], lat0[seg], track.lon[rows[seg]], track.lat[rows[seg]])
+    if both.any():      # a segment that stays inside a fence both ends are in has no gap to find
+        b = np.flatnonzero(both)
+        lines = shapely.linestrings(np.stack([np.column_stack([ends[0][b], ends[1][b]]),
+                                              np.column_stack([ends[2][b], ends[3][b]])], axis=1))
+        covered = np.zeros(len(seg), bool)
+        covered[b] = shapely.covers(geoms[b], lines)
+        k = ~covered
+        seg, seg_uid, geoms, ends = seg[k], seg_uid[k], geoms[k], tuple(e[k] for e in ends)
+    pair, lo, hi = inside_stretches(geoms, *ends)
+    stretches: dict[int, list[tuple[float, float]]] = {}
+    for q, a, b in zip(pair.tolist(), lo.tolist(), hi.tolist()):
+        stretches.setdefault(q, []).append((a, b))
+    by_segment: dict[int, list[tuple[str, tuple[tuple[float, float], ...]]]] = {}
+    for q, (s, u) in enumerate(zip(seg.tolist(), seg_uid.tolist())):
+        by_segment.setdefault(s, []).append((u, tuple(stretches.get(q, ()))))
+    out: dict[int, Segment] = {}
+    for s, found in by_segment.items():
+        out[int(rows[s])] = Segment(int(t0[s]), int(track.ts[rows[s]]), float(length[s]),
+                                    min_stretch_m(_given(acc0[s]), _given(acc1[s])), tuple(sorted(found)))
+    return out
+
+
+def _given(value: float) -> float | None:
+    return None if value != value else float(value)

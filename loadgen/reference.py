@@ -1,0 +1,219 @@
+"""Reference of the full event semantics, report by report, with plain shapely: the oracle the
+vectorized job is checked against (tests/unit/test_sparse_property.py) and the benchmarks' expected
+events for tracks with sparse and late fixes.
+
+On purpose naive and written apart from the job: one device, one report, one fence at a time;
+membership is `covers` of the point (boundary counts), distances and segment stretches are shapely
+calls on single geometries. The rules (README "Event semantics"):
+
+* a report counts unless it is older than the device's last counted one, or repeats it exactly;
+* a fence outside its window [active_from, active_to) does not exist for a report: its state is
+  dropped without an event;
+* debounce: `debounce_reports` reports in a row, or a streak lasting `debounce_seconds`, flip the
+  confirmed state (ENTER/EXIT at the confirming report's ts); DWELL once per stay;
+* APPROACH: confirmed inside, this report inside and within warn_m metres of the boundary, armed
+  (a report since the last APPROACH, or since ENTER, was deeper than warn_m);
+* inferred: on the segment from the previous counted report, before this report's step: a fence the
+  device has no state for and this report is outside → each stretch inside touching neither end and
+  at least min_stretch long gives ENTER, EXIT; a fence confirmed inside, nothing pending, this report
+  inside → each gap between stretches at least min_stretch long gives EXIT, ENTER; interpolated ts,
+  fence active at both; min_stretch = max(10 m, 2 x the larger accuracy_m of the two reports).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import shapely
+from shapely.geometry import LineString, Point
+
+MIN_STRETCH_M = 10.0
+
+
+@dataclass(frozen=True)
+class RefFence:
+    uid: str                     # "farm/fence"
+    geometry: shapely.Geometry
+    debounce_reports: int = 2
+    debounce_seconds: float = 30.0
+    dwell_seconds: float | None = None
+    warn_m: float = 0.0
+    active_from: int | None = None
+    active_to: int | None = None
+
+    def active(self, t: int) -> bool:
+        return (self.active_from is None or t >= self.active_from) and (self.active_to is None or t < self.active_to)
+
+
+@dataclass(frozen=True)
+class RefReport:
+    device: str                  # "farm/device"
+    ts: int
+    lat: float
+    lon: float
+    accuracy: float | None = None
+
+
+@dataclass(frozen=True)
+class RefEvent:
+    device_id: str
+    fence_id: str
+    type: str
+    ts: int
+    inferred: bool = False
+    late: bool = False
+
+    @property
+    def event_id(self) -> str:
+        tag = "inferred" if self.inferred else ("late" if self.late else "")
+        text = f"{self.fence_id}|{self.device_id}|{self.type}|{self.ts}" + (f"|{tag}" if tag else "")
+        return hashlib.sha1(text.encode()).hexdigest()[:24]
+
+
+@dataclass
+class _Fence:
+    inside: bool = False
+    streak: int = 0
+    t0: int = 0
+    since: int | None = None
+    dwelled: bool = False
+    armed: bool = False
+
+
+@dataclass
+class _Device:
+    last: RefReport | None = None
+    fences: dict[str, _Fence] = field(default_factory=dict)
+
+
+def _metres(lon0: float, lat0: float):
+    """Local plane at (lon0, lat0): degrees → metres."""
+    kx = 111_320.0 * math.cos(math.radians(lat0))
+    return lambda x, y: ((x - lon0) * kx, (y - lat0) * 110_574.0)
+
+
+def boundary_distance(geom: shapely.Geometry, lon: float, lat: float) -> float:
+    to_m = _metres(lon, lat)
+    coords = shapely.get_coordinates(geom.boundary)
+    x, y = to_m(coords[:, 0], coords[:, 1])
+    moved = shapely.set_coordinates(shapely.transform(geom.boundary, lambda c: c), list(zip(x, y)))
+    return moved.distance(Point(0.0, 0.0))
+
+
+def _length_m(a: RefReport, b: RefReport) -> float:
+    mid = math.radians((a.lat + b.lat) / 2.0)
+    return math.hypot((b.lon - a.lon) * 111_320.0 * math.cos(mid), (b.lat - a.lat) * 110_574.0)
+
+
+def _stretches(geom: shapely.Geometry, a: RefReport, b: RefReport) -> list[tuple[float, float]]:
+    line = LineString([(a.lon, a.lat), (b.lon, b.lat)])
+    pieces = []
+    for part in shapely.get_parts(geom.intersection(line)):
+        if part.geom_type != "LineString" or part.is_empty:
+            continue
+        f0 = line.project(Point(part.coords[0]), normalized=True)
+        f1 = line.project(Point(part.coords[-1]), normalized=True)
+        pieces.append((min(f0, f1), max(f0, f1)))
+    merged: list[list[float]] = []
+    for lo, hi in sorted(pieces):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return [(lo, hi) for lo, hi in merged]
+
+
+def _at(a: RefReport, b: RefReport, fraction: float) -> int:
+    return int(a.ts + math.floor(fraction * (b.ts - a.ts) + 0.5))
+
+
+def _inferred(dev: _Device, fence: RefFence, inside_now: bool, a: RefReport, b: RefReport) -> list[tuple[str, int]]:
+    state = dev.fences.get(fence.uid)
+    if state is None and not inside_now:
+        both_inside = False
+    elif state is not None and state.inside and not state.streak and inside_now:
+        both_inside = True
+    else:
+        return []
+    length = _length_m(a, b)
+    accuracies = [x for x in (a.accuracy, b.accuracy) if x is not None]
+    need = max(MIN_STRETCH_M, 2.0 * max(accuracies, default=0.0))
+    if length < need:
+        return []
+    stretches = _stretches(fence.geometry, a, b)
+    out = []
+    if both_inside:
+        for (_, lo), (hi, _) in zip(stretches, stretches[1:]):
+            if (hi - lo) * length >= need:
+                out.append((("exit", _at(a, b, lo)), ("enter", _at(a, b, hi))))
+    else:
+        for lo, hi in stretches:
+            if lo > 0.0 and hi < 1.0 and (hi - lo) * length >= need:
+                out.append((("enter", _at(a, b, lo)), ("exit", _at(a, b, hi))))
+    return [e for pair in out if fence.active(pair[0][1]) and fence.active(pair[1][1]) for e in pair]
+
+
+def _step(state: _Fence, fence: RefFence, inside: bool, t: int) -> str | None:
+    if inside == state.inside:
+        state.streak = 0
+        if inside and fence.dwell_seconds and not state.dwelled and state.since is not None \
+                and t - state.since >= fence.dwell_seconds * 1000:
+            state.dwelled = True
+            return "dwell"
+        return None
+    if state.streak == 0:
+        state.t0 = t
+    state.streak += 1
+    if state.streak < fence.debounce_reports and t - state.t0 < fence.debounce_seconds * 1000:
+        return None
+    state.inside, state.streak, state.dwelled, state.armed = inside, 0, False, False
+    state.since = t if inside else None
+    return "enter" if inside else "exit"
+
+
+class Reference:
+    """Feed reports in arrival order (`feed`), read `events`. Fences apply to devices of their farm."""
+
+    def __init__(self, fences: list[RefFence]):
+        self.fences = sorted(fences, key=lambda f: f.uid)
+        self.devices: dict[str, _Device] = {}
+        self.events: list[RefEvent] = []
+
+    def feed(self, report: RefReport) -> None:
+        dev = self.devices.setdefault(report.device, _Device())
+        last = dev.last
+        if last is not None and (report.ts < last.ts or (report.ts == last.ts and (report.lat, report.lon)
+                                                        == (last.lat, last.lon))):
+            return
+        farm, _, device_id = report.device.partition("/")
+        point = Point(report.lon, report.lat)
+        mine = [f for f in self.fences if f.uid.partition("/")[0] == farm]
+        inside = {f.uid: f.geometry.covers(point) for f in mine}
+        if last is not None:
+            for fence in mine:
+                for kind, t in _inferred(dev, fence, inside[fence.uid], last, report):
+                    self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, t, inferred=True))
+        dev.last = report
+        for fence in mine:
+            if not fence.active(report.ts):
+                dev.fences.pop(fence.uid, None)
+                continue
+            state = dev.fences.get(fence.uid) or _Fence()
+            now_in = inside[fence.uid]
+            kind = _step(state, fence, now_in, report.ts)
+            if kind:
+                self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, report.ts))
+            if fence.warn_m and state.inside and now_in:
+                if boundary_distance(fence.geometry, report.lon, report.lat) > fence.warn_m:
+                    state.armed = True
+                elif state.armed:
+                    state.armed = False
+                    self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], "approach", report.ts))
+            if state.inside or state.streak:
+                dev.fences[fence.uid] = state
+            else:
+                dev.fences.pop(fence.uid, None)
+
+    def members(self, uid: str) -> set[str]:
+        return {d for d, dev in self.devices.items() if uid in dev.fences and dev.fences[uid].inside}
