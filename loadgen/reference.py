@@ -63,11 +63,12 @@ class RefEvent:
     ts: int
     inferred: bool = False
     late: bool = False
+    farm_id: str = ""
 
     @property
     def event_id(self) -> str:
         tag = "inferred" if self.inferred else ("late" if self.late else "")
-        text = f"{self.fence_id}|{self.device_id}|{self.type}|{self.ts}" + (f"|{tag}" if tag else "")
+        text = f"{self.farm_id}/{self.fence_id}|{self.device_id}|{self.type}|{self.ts}" + (f"|{tag}" if tag else "")
         return hashlib.sha1(text.encode()).hexdigest()[:24]
 
 
@@ -193,7 +194,8 @@ class Reference:
         if last is not None:
             for fence in mine:
                 for kind, t in _inferred(dev, fence, inside[fence.uid], last, report):
-                    self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, t, inferred=True))
+                    self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, t, inferred=True,
+                                                farm_id=farm))
         dev.last = report
         for fence in mine:
             if not fence.active(report.ts):
@@ -203,13 +205,14 @@ class Reference:
             now_in = inside[fence.uid]
             kind = _step(state, fence, now_in, report.ts)
             if kind:
-                self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, report.ts))
+                self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, report.ts, farm_id=farm))
             if fence.warn_m and state.inside and now_in:
                 if boundary_distance(fence.geometry, report.lon, report.lat) > fence.warn_m:
                     state.armed = True
                 elif state.armed:
                     state.armed = False
-                    self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], "approach", report.ts))
+                    self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], "approach", report.ts,
+                                                farm_id=farm))
             if state.inside or state.streak:
                 dev.fences[fence.uid] = state
             else:
