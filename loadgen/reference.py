@@ -17,7 +17,13 @@ calls on single geometries. The rules (README "Event semantics"):
   device has no state for and this report is outside → each stretch inside touching neither end and
   at least min_stretch long gives ENTER, EXIT; a fence confirmed inside, nothing pending, this report
   inside → each gap between stretches at least min_stretch long gives EXIT, ENTER; interpolated ts,
-  fence active at both; min_stretch = max(10 m, 2 x the larger accuracy_m of the two reports).
+  fence active at both; min_stretch = max(10 m, 2 x the larger accuracy_m of the two reports);
+* late: a report older than the device's last counted one, at most 24 h older and not before its
+  first counted one, is kept; at the end of each batch with new late fixes, per fence, over all kept
+  late fixes in time order: a fix disagrees when its membership differs from the confirmed one at
+  its time; disagreement debounced by the fence's rule confirms a departure, agreement debounced
+  again confirms the return; with the same confirmed membership at both, EXIT+ENTER (ENTER+EXIT
+  when it was outside) at the two fixes, late, each excursion once.
 """
 from __future__ import annotations
 
@@ -85,7 +91,20 @@ class _Fence:
 @dataclass
 class _Device:
     last: RefReport | None = None
+    first_ts: int | None = None
     fences: dict[str, _Fence] = field(default_factory=dict)
+    stays: list[tuple[str, int, int]] = field(default_factory=list)    # every confirmed stay that ended
+    late: dict[tuple[int, float, float], set[str]] = field(default_factory=dict)
+    emitted: set[str] = field(default_factory=set)
+
+    def was_inside(self, uid: str, t: int) -> bool:
+        now = self.fences.get(uid)
+        if now is not None and now.inside and now.since is not None and now.since <= t:
+            return True
+        return any(u == uid and a <= t < b for u, a, b in self.stays)
+
+
+HORIZON_MS = 24 * 3600 * 1000
 
 
 def _metres(lon0: float, lat0: float):
@@ -181,15 +200,72 @@ class Reference:
         self.devices: dict[str, _Device] = {}
         self.events: list[RefEvent] = []
 
+    def feed_batch(self, reports: list[RefReport]) -> None:
+        """Reports arriving together: each in turn, then the late ones of each device replayed."""
+        late: dict[str, list[RefReport]] = {}
+        for report in reports:
+            dev = self.devices.get(report.device)
+            if dev is not None and dev.last is not None and report.ts < dev.last.ts:
+                late.setdefault(report.device, []).append(report)
+            else:
+                self.feed(report)
+        for device, fixes in late.items():
+            self._replay(device, fixes)
+
+    def _mine(self, device: str) -> list[RefFence]:
+        return [f for f in self.fences if f.uid.partition("/")[0] == device.partition("/")[0]]
+
+    def _replay(self, device: str, fixes: list[RefReport]) -> None:
+        dev = self.devices[device]
+        start = max(dev.last.ts - HORIZON_MS, dev.first_ts)
+        dev.late = {k: v for k, v in dev.late.items() if k[0] >= start}
+        added = False
+        for r in fixes:
+            key = (r.ts, r.lat, r.lon)
+            if r.ts >= start and key not in dev.late:
+                point = Point(r.lon, r.lat)
+                dev.late[key] = {f.uid for f in self._mine(device) if f.geometry.covers(point)}
+                added = True
+        if not added:
+            return
+        farm, _, device_id = device.partition("/")
+        for fence in self._mine(device):
+            away, streak, t0, departure = False, 0, 0, None
+            for (t, lat, lon) in sorted(dev.late):
+                base = dev.was_inside(fence.uid, t)
+                disagree = (fence.uid in dev.late[(t, lat, lon)] and fence.active(t)) != base
+                if disagree == away:
+                    streak = 0
+                    continue
+                if streak == 0:
+                    t0 = t
+                streak += 1
+                if streak < fence.debounce_reports and t - t0 < fence.debounce_seconds * 1000:
+                    continue
+                streak, away = 0, disagree
+                if away:
+                    departure = (t, base)
+                    continue
+                if departure is not None and departure[1] == base:
+                    kinds = ("exit", "enter") if base else ("enter", "exit")
+                    for kind, at in zip(kinds, (departure[0], t)):
+                        event = RefEvent(device_id, fence.uid.partition("/")[2], kind, at, late=True, farm_id=farm)
+                        if event.event_id not in dev.emitted:
+                            dev.emitted.add(event.event_id)
+                            self.events.append(event)
+                departure = None
+
     def feed(self, report: RefReport) -> None:
         dev = self.devices.setdefault(report.device, _Device())
         last = dev.last
         if last is not None and (report.ts < last.ts or (report.ts == last.ts and (report.lat, report.lon)
                                                         == (last.lat, last.lon))):
             return
+        if dev.first_ts is None:
+            dev.first_ts = report.ts
         farm, _, device_id = report.device.partition("/")
         point = Point(report.lon, report.lat)
-        mine = [f for f in self.fences if f.uid.partition("/")[0] == farm]
+        mine = self._mine(report.device)
         inside = {f.uid: f.geometry.covers(point) for f in mine}
         if last is not None:
             for fence in mine:
@@ -199,11 +275,16 @@ class Reference:
         dev.last = report
         for fence in mine:
             if not fence.active(report.ts):
-                dev.fences.pop(fence.uid, None)
+                gone = dev.fences.pop(fence.uid, None)
+                if gone is not None and gone.inside:
+                    dev.stays.append((fence.uid, gone.since, report.ts))
                 continue
             state = dev.fences.get(fence.uid) or _Fence()
             now_in = inside[fence.uid]
+            since = state.since
             kind = _step(state, fence, now_in, report.ts)
+            if kind == "exit":
+                dev.stays.append((fence.uid, since, report.ts))
             if kind:
                 self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, report.ts, farm_id=farm))
             if fence.warn_m and state.inside and now_in:

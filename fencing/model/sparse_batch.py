@@ -67,20 +67,28 @@ def near_rows(fences: Fences, point_idx: np.ndarray, code: np.ndarray, distinct:
     return {r: frozenset(s) for r, s in out.items()}
 
 
-def taken_rows(track: Track, states: list[DeviceState]) -> tuple[np.ndarray, np.ndarray]:
-    """Per report whether `DeviceState.accept` takes it (ties resolved by that rule itself), and
-    per device the index of its last taken report in its run (-1: none)."""
-    taken, tied = accepted_rows(track.starts, track.ts, [s.last_ts for s in states])
+@dataclass(frozen=True)
+class Taken:
+    rows: np.ndarray        # bool per report: `DeviceState.accept` takes it
+    older: np.ndarray       # bool per report: older than its device's newest report so far (late)
+    last: np.ndarray        # per device: index of its last taken report in its run (-1: none)
+
+
+def taken_rows(track: Track, states: list[DeviceState]) -> Taken:
+    """`DeviceState.accept` for the whole batch (ties resolved by that rule itself)."""
+    taken, older, tied = accepted_rows(track.starts, track.ts, [s.last_ts for s in states])
     for d in np.flatnonzero(tied).tolist():          # rare: a repeated time; the per-report rule
         probe = DeviceState(states[d].last_ts, states[d].last_lat, states[d].last_lon)
         lo, hi = int(track.starts[d]), int(track.ends[d])
-        taken[lo:hi] = [probe.accept(int(t), float(a), float(o)) for t, a, o in
-                        zip(track.ts[lo:hi].tolist(), track.lat[lo:hi].tolist(), track.lon[lo:hi].tolist())]
+        for i, (t, a, o) in enumerate(zip(track.ts[lo:hi].tolist(), track.lat[lo:hi].tolist(),
+                                          track.lon[lo:hi].tolist()), lo):
+            older[i] = probe.last_ts is not None and t < probe.last_ts
+            taken[i] = probe.accept(t, a, o)
     n = len(track.ts)
     if not n:
-        return taken, np.empty(0, np.int64)
+        return Taken(taken, older, np.empty(0, np.int64))
     last = np.maximum.reduceat(np.where(taken, np.arange(n), -1), track.starts)
-    return taken, np.where(last >= 0, last - track.starts, -1)
+    return Taken(taken, older, np.where(last >= 0, last - track.starts, -1))
 
 
 def batch_segments(fences: Fences, track: Track, states: list[DeviceState], taken: np.ndarray,

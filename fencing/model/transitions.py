@@ -22,6 +22,8 @@ from fencing.model.crossings import Segment, implied
 from fencing.model.fence_store import FenceRules
 
 DEFAULT_RULES = FenceRules()
+LATE_HORIZON_MS = 24 * 3600 * 1000      # late fixes older than this (before the last processed one) are not replayed
+MAX_STAYS = 32                          # ended stays kept per device for late fixes
 
 
 @dataclass
@@ -51,12 +53,24 @@ class DeviceState:
     fences: dict[str, FenceState] = field(default_factory=dict)
     seen: int | None = None                       # arrival (ms) last written to the last-seen index
     accuracy: float | None = None                 # accuracy_m of the last processed report, if it said
+    # what late fixes are judged against (fencing.model.late), all bounded: the confirmed stays that
+    # ended in the last 24 h (uid, from, to), the time from which they are complete, the late fixes
+    # kept (ts, lat, lon, fences), and the late events already emitted (id, ts)
+    stays: list = field(default_factory=list)
+    known_from: int | None = None
+    late: list = field(default_factory=list)
+    emitted: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         out = {"t": self.last_ts, "la": self.last_lat, "lo": self.last_lon, "bt": self.battery, "c": self.cell,
                "f": {u: s.to_list() for u, s in self.fences.items()}, "sn": self.seen}
         if self.accuracy is not None:
             out["ac"] = self.accuracy
+        if self.known_from is not None:
+            out["kf"] = self.known_from
+        for key, value in (("st", self.stays), ("lf", self.late), ("em", self.emitted)):
+            if value:
+                out[key] = value
         return out
 
     @classmethod
@@ -64,7 +78,23 @@ class DeviceState:
         if not d:
             return cls()
         return cls(d.get("t"), d.get("la"), d.get("lo"), d.get("bt"), d.get("c"),
-                   {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()}, d.get("sn"), d.get("ac"))
+                   {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()}, d.get("sn"), d.get("ac"),
+                   [list(x) for x in d.get("st", ())], d.get("kf"), [list(x) for x in d.get("lf", ())],
+                   [list(x) for x in d.get("em", ())])
+
+    def close_stay(self, uid: str, since: int | None, t: int) -> None:
+        """A confirmed stay in `uid` ended at t (EXIT, or its window closed): kept for late fixes,
+        24 h and MAX_STAYS at most (what falls off moves `known_from` on)."""
+        if since is None:
+            return
+        self.stays.append([uid, since, t])
+        keep = [s for s in self.stays if s[2] >= t - LATE_HORIZON_MS]
+        if len(keep) > MAX_STAYS:
+            keep = keep[-MAX_STAYS:]
+        for gone in self.stays:
+            if gone not in keep and self.known_from is not None:
+                self.known_from = max(self.known_from, gone[2])
+        self.stays = keep
 
     def inside_fences(self) -> list[str]:
         return sorted(u for u, s in self.fences.items() if s.inside)
@@ -75,8 +105,15 @@ class DeviceState:
         if self.last_ts is not None:
             if t < self.last_ts or (t == self.last_ts and (lat, lon) == (self.last_lat, self.last_lon)):
                 return False
-        self.last_ts, self.last_lat, self.last_lon = t, lat, lon
+        self.take(t, lat, lon)
         return True
+
+    def take(self, t: int, lat: float, lon: float) -> None:
+        """Make (t, lat, lon) the last processed report. Stays are complete from the first one on (a
+        state from before stays were kept: from its last report)."""
+        if self.known_from is None:
+            self.known_from = t if self.last_ts is None else self.last_ts
+        self.last_ts, self.last_lat, self.last_lon = t, lat, lon
 
 
 @dataclass(frozen=True)
@@ -141,7 +178,9 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
         not matched or (matched[0] == settled if uniform else all(m == settled for m in matched)))
     if steady and last_accepted is not None:
         if last_accepted >= 0:
-            state.last_ts, state.last_lat, state.last_lon = ts[last_accepted], lat[last_accepted], lon[last_accepted]
+            if state.known_from is None:
+                state.take(ts[0], lat[0], lon[0])       # a new device's first report is always taken
+            state.take(ts[last_accepted], lat[last_accepted], lon[last_accepted])
         return Advanced([], last_accepted)
     events: list[Event] = []
     dropped: list[tuple[str, int]] = []
@@ -199,13 +238,18 @@ def step_report(state: DeviceState, device_id: str, t: int, lat: float, lon: flo
         rule = rules.get(uid, DEFAULT_RULES)
         if rule.windowed and not rule.active(t):
             gone = state.fences.pop(uid, None)
-            if gone is not None and gone.inside and dropped is not None:
-                dropped.append((uid, t))
+            if gone is not None and gone.inside:
+                state.close_stay(uid, gone.since, t)
+                if dropped is not None:
+                    dropped.append((uid, t))
             continue
         fence_state = state.fences.get(uid) or FenceState()
+        since = fence_state.since
         kind = _step(fence_state, uid in inside_now, t, rule)
         if kind:
             events.append(make_event(uid, device_id, kind, t, lat, lon))
+            if kind == "exit":
+                state.close_stay(uid, since, t)
         if rule.warn_m and fence_state.inside and uid in inside_now:
             if uid not in near:
                 fence_state.armed = True
@@ -234,12 +278,14 @@ def last_accepted_reports(starts: np.ndarray, ts: np.ndarray, last_ts: list[int 
     return np.where(last >= 0, last - starts, -1), tied
 
 
-def accepted_rows(starts: np.ndarray, ts: np.ndarray, last_ts: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Per report: whether `DeviceState.accept` takes it, and per device whether a tie leaves that to
-    the per-report rule (then the row flags of that device are not decided here)."""
+def accepted_rows(starts: np.ndarray, ts: np.ndarray, last_ts: list[int | None]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per report: whether `DeviceState.accept` takes it, whether it is older than the newest report
+    of its device at its arrival (a late fix), and per device whether a tie leaves that to the
+    per-report rule (then the row flags of that device are not decided here)."""
     taken, tie = _accept_scan(starts, ts, last_ts)
     tied = np.add.reduceat(tie.astype(np.int64), starts) > 0 if len(ts) else np.empty(0, bool)
-    return taken, tied
+    return taken, ~taken & ~tie, tied
 
 
 def _accept_scan(starts: np.ndarray, ts: np.ndarray, last_ts: list[int | None]) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from fencing.model import late
 from fencing.model.sparse_batch import Track, batch_segments, near_rows, taken_rows
 from fencing.model.transitions import DeviceState, Event, advance
 
@@ -67,13 +68,15 @@ def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray
     uniform = (np.bincount(device_of_row, weights=differs, minlength=len(bounds)) == 0).tolist()
     track = Track(bounds, ends, frame["farm_id"].to_numpy(dtype=object), frame["ts"].to_numpy(np.int64),
                   frame["lat"].to_numpy(np.float64), frame["lon"].to_numpy(np.float64), accuracy)
-    taken, last_taken = taken_rows(track, states)
+    taken = taken_rows(track, states)
     # sparse fixes and approach warnings: per-report extras, found for the whole batch at once
-    segments = batch_segments(cache, track, states, taken, found.point_idx, found.fence_codes, found.fence_uids)
+    segments = batch_segments(cache, track, states, taken.rows, found.point_idx, found.fence_codes, found.fence_uids)
     near = near_rows(cache, found.point_idx, found.fence_codes, found.fence_uids, track.lon, track.lat)
     extra_rows = np.array(sorted(set(segments) | set(near)), dtype=np.int64)
     extra_devices = set(device_of_row[extra_rows].tolist()) if len(extra_rows) else set()
-    last_taken = last_taken.tolist()
+    late_rows = np.flatnonzero(taken.older)
+    late_devices = set(device_of_row[late_rows].tolist()) if len(late_rows) else set()
+    last_taken = taken.last.tolist()
     for d, (lo, hi) in enumerate(zip(bounds.tolist(), ends.tolist())):
         state = states[d]
         device_id = dkeys[d].partition("/")[2]
@@ -91,6 +94,10 @@ def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray
             state.accuracy = None if given != given else float(given)
         events += done.events
         dropped += [(uid, dkeys[d], t) for uid, t in done.dropped]
+        if d in late_devices:      # buffered fixes: replayed against the state they arrived after
+            rows = late_rows[(late_rows >= lo) & (late_rows < hi)].tolist()
+            events += late.replay(state, device_id, [(ts[r], lat[r], lon[r], matched[r]) for r in rows],
+                                  cache.rules, deleted)
     return Outcome(events, dropped, latest_row, ts, lat, lon)
 
 

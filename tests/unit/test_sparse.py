@@ -29,8 +29,7 @@ def run_both(fences: dict[str, tuple[shapely.Geometry, dict]], batches: list[lis
     ref = Reference([ref_fence(uid, g, **p) for uid, (g, p) in fences.items()])
     for batch in batches:
         job.batch(batch)
-        for r in batch:
-            ref.feed(r)
+        ref.feed_batch(batch)
     got = [(e.device_id, e.fence_id, e.type, e.ts, e.inferred, e.late) for e in job.events]
     want = [(e.device_id, e.fence_id, e.type, e.ts, e.inferred, e.late) for e in ref.events]
     return got, want, job
@@ -119,3 +118,29 @@ def test_another_farms_fence_is_never_crossed():
     reports = [at("cow", T0, 0, 0), at("cow", T0 + 10 * MIN, 200, 0)]
     got, want, _ = run_both({"farm-b/road": (strip, {})}, [reports])
     assert got == want == []
+
+
+def test_a_buffered_night_upload_reveals_the_excursion_once_without_changing_the_state():
+    paddock = box_m(0, 0, 300, 300)
+    evening = [at("cow", T0 + i * 15 * MIN, 150, 150) for i in range(3)]            # inside: ENTER
+    night = [at("cow", T0 + (3 + i) * 15 * MIN, x, 150) for i, x in enumerate([150, 400, 420, 410, 150, 160])]
+    morning = [at("cow", T0 + 10 * 15 * MIN, 155, 150)]
+    # the morning fix arrives first, the buffered night after it, then the same upload again (a retry)
+    got, want, job = run_both({"farm-a/p": (paddock, {})}, [evening, morning, night[:3], night[3:], night])
+    assert got == want
+    assert [(e[2], e[3], e[5]) for e in got] == [
+        ("enter", T0 + 15 * MIN, False),
+        ("exit", T0 + 5 * 15 * MIN, True),          # confirmed by the second fix outside (debounce 2)
+        ("enter", T0 + 8 * 15 * MIN, True)]         # confirmed by the second fix back inside
+    state = job.stored["farm-a/cow"]
+    assert state["t"] == T0 + 10 * 15 * MIN and state["f"]["farm-a/p"][0] == 1      # still inside, latest fix
+
+
+def test_one_stray_late_fix_or_a_late_fix_before_the_first_is_no_excursion():
+    paddock = box_m(0, 0, 300, 300)
+    live = [at("cow", T0 + i * 15 * MIN, 150, 150) for i in range(2, 6)]
+    late = [at("cow", T0 + int(2.5 * 15 * MIN), 400, 150), at("cow", T0 + 3 * 15 * MIN + 1, 150, 150),
+            at("cow", T0, 400, 150), at("cow", T0 + 1, 400, 150)]            # the last two: before the first
+    got, want, _ = run_both({"farm-a/p": (paddock, {})}, [live, late])
+    assert got == want
+    assert [e[2] for e in got] == ["enter"]

@@ -1,7 +1,7 @@
 """Property: the job's vectorized core (membership on the H3 cover, batch-wide segments and
 distances, the state machine with its shortcuts) emits exactly the reference's events, in order,
 for random fences (holes, strips, windows, warn_m, debounce) and random tracks with sparse, noisy,
-shuffled, repeated and late fixes split into random batches."""
+shuffled, repeated and late (buffered, uploaded later) fixes split into random batches."""
 from __future__ import annotations
 
 import math
@@ -79,6 +79,13 @@ def _tracks(rng: np.random.Generator, devices: int) -> list[RefReport]:
         if rng.random() < 0.3 and len(reports) > 3:                       # a few swapped neighbours
             i = int(rng.integers(0, len(reports) - 1))
             reports[i], reports[i + 1] = reports[i + 1], reports[i]
+        if rng.random() < 0.4 and len(reports) > 6:                        # a buffered block, uploaded later
+            i = int(rng.integers(1, len(reports) - 4))
+            k = int(rng.integers(2, min(10, len(reports) - i)))
+            block = reports[i:i + k]
+            del reports[i:i + k]
+            j = int(rng.integers(i + 1, len(reports) + 1))
+            reports[j:j] = block
         if rng.random() < 0.1 and len(reports) > 2:                        # a repeated time, new place
             r = reports[1]
             reports.insert(2, RefReport(r.device, r.ts, r.lat + 1e-4, r.lon, r.accuracy))
@@ -108,8 +115,7 @@ def test_vectorized_core_matches_the_reference_event_for_event(seed, fences, dev
     cuts = sorted(rng.integers(0, len(reports) + 1, batches - 1).tolist())
     for lo, hi in zip([0] + cuts, cuts + [len(reports)]):
         job.batch(reports[lo:hi])
-    for r in reports:
-        ref.feed(r)
+        ref.feed_batch(reports[lo:hi])
     got = {}
     for e in job.events:
         got.setdefault(e.device_id, []).append((e.fence_id, e.type, e.ts, e.inferred, e.late, e.event_id))
