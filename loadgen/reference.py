@@ -148,13 +148,19 @@ def _at(a: RefReport, b: RefReport, fraction: float) -> int:
     return int(a.ts + math.floor(fraction * (b.ts - a.ts) + 0.5))
 
 
-def _inferred(dev: _Device, fence: RefFence, inside_now: bool, a: RefReport, b: RefReport) -> list[tuple[str, int]]:
+def _inferred(dev: _Device, fence: RefFence, inside_now: bool, a: RefReport, b: RefReport,
+              line: LineString) -> list[tuple[str, int]]:
     state = dev.fences.get(fence.uid)
     if state is None and not inside_now:
         both_inside = False
     elif state is not None and state.inside and not state.streak and inside_now:
         both_inside = True
     else:
+        return []
+    minx, miny, maxx, maxy = fence.geometry.bounds
+    if max(a.lon, b.lon) < minx or min(a.lon, b.lon) > maxx or max(a.lat, b.lat) < miny or min(a.lat, b.lat) > maxy:
+        return []
+    if not fence.geometry.intersects(line):
         return []
     length = _length_m(a, b)
     accuracies = [x for x in (a.accuracy, b.accuracy) if x is not None]
@@ -199,6 +205,7 @@ class Reference:
         self.fences = sorted(fences, key=lambda f: f.uid)
         self.devices: dict[str, _Device] = {}
         self.events: list[RefEvent] = []
+        self._by_farm: dict[str, list[RefFence]] = {}
 
     def feed_batch(self, reports: list[RefReport]) -> None:
         """Reports arriving together: each in turn, then the late ones of each device replayed."""
@@ -213,7 +220,12 @@ class Reference:
             self._replay(device, fixes)
 
     def _mine(self, device: str) -> list[RefFence]:
-        return [f for f in self.fences if f.uid.partition("/")[0] == device.partition("/")[0]]
+        return self.fences_of_farm(device.partition("/")[0])
+
+    def fences_of_farm(self, farm: str) -> list[RefFence]:
+        if farm not in self._by_farm:
+            self._by_farm[farm] = [f for f in self.fences if f.uid.partition("/")[0] == farm]
+        return self._by_farm[farm]
 
     def _replay(self, device: str, fixes: list[RefReport]) -> None:
         dev = self.devices[device]
@@ -255,7 +267,8 @@ class Reference:
                             self.events.append(event)
                 departure = None
 
-    def feed(self, report: RefReport) -> None:
+    def feed(self, report: RefReport, inside: dict[str, bool] | None = None) -> None:
+        """One report; `inside`: its membership per fence of its farm, when the caller computed it."""
         dev = self.devices.setdefault(report.device, _Device())
         last = dev.last
         if last is not None and (report.ts < last.ts or (report.ts == last.ts and (report.lat, report.lon)
@@ -264,12 +277,14 @@ class Reference:
         if dev.first_ts is None:
             dev.first_ts = report.ts
         farm, _, device_id = report.device.partition("/")
-        point = Point(report.lon, report.lat)
         mine = self._mine(report.device)
-        inside = {f.uid: f.geometry.covers(point) for f in mine}
-        if last is not None:
+        if inside is None:
+            point = Point(report.lon, report.lat)
+            inside = {f.uid: f.geometry.covers(point) for f in mine}
+        if last is not None and _length_m(last, report) >= MIN_STRETCH_M:    # shorter: no stretch can count
+            line = LineString([(last.lon, last.lat), (report.lon, report.lat)])
             for fence in mine:
-                for kind, t in _inferred(dev, fence, inside[fence.uid], last, report):
+                for kind, t in _inferred(dev, fence, inside[fence.uid], last, report, line):
                     self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, t, inferred=True,
                                                 farm_id=farm))
         dev.last = report
@@ -301,3 +316,49 @@ class Reference:
 
     def members(self, uid: str) -> set[str]:
         return {d for d, dev in self.devices.items() if uid in dev.fences and dev.fences[uid].inside}
+
+
+def expected_events(reports_df, fences, device_farm) -> "pd.DataFrame":
+    """The benchmarks' oracle: every event the job must emit for a simulation's reports (rows in
+    arrival order; `fences`: loadgen.herd.Fence; `device_farm`: device → farm), as a DataFrame
+    [device_id, fence_id, type, ts, inferred, late]. Membership is computed per farm with vectorized
+    `covers` first (the same answer the per-report call gives), then the reports are fed one by one,
+    as one batch (a device's late fixes arrive in time order, so when they are replayed does not
+    change what they reveal)."""
+    import numpy as np
+    import pandas as pd
+
+    from loadgen.truth import _valid_rows
+
+    df = reports_df.loc[_valid_rows(reports_df)]
+    dev = df["device_id"].astype(str).to_numpy(dtype=object)
+    farm_of_row = pd.Series(dev).map(device_farm).fillna("").to_numpy(dtype=object)
+    ref_fences = [RefFence(f"{f.farm_id}/{f.fence_id}", f.geometry,
+                           f.debounce_reports if f.debounce_reports is not None else 2,
+                           f.debounce_seconds if f.debounce_seconds is not None else 30.0) for f in fences]
+    ref = Reference(ref_fences)
+    lon, lat = df["lon"].to_numpy(float), df["lat"].to_numpy(float)
+    points = shapely.points(lon, lat)
+    inside_rows: list[dict[str, bool]] = [{} for _ in range(len(df))]
+    for farm in pd.unique(farm_of_row):
+        rows = np.flatnonzero(farm_of_row == farm)
+        for f in ref.fences_of_farm(farm):
+            shapely.prepare(f.geometry)
+            hit = shapely.covers(f.geometry, points[rows])
+            for r, h in zip(rows.tolist(), hit.tolist()):
+                inside_rows[r][f.uid] = h
+    ts = df["ts"].to_numpy(np.int64).tolist()
+    accuracy = df["accuracy_m"].to_numpy(float).tolist() if "accuracy_m" in df else [float("nan")] * len(df)
+    late: dict[str, list[RefReport]] = {}
+    for i, (d, farm) in enumerate(zip(dev.tolist(), farm_of_row.tolist())):
+        report = RefReport(f"{farm}/{d}", ts[i], float(lat[i]), float(lon[i]),
+                           None if accuracy[i] != accuracy[i] else accuracy[i])
+        known = ref.devices.get(report.device)
+        if known is not None and known.last is not None and report.ts < known.last.ts:
+            late.setdefault(report.device, []).append(report)
+        else:
+            ref.feed(report, inside_rows[i])
+    for device, fixes in late.items():
+        ref._replay(device, fixes)
+    return pd.DataFrame([(e.device_id, e.fence_id, e.type, e.ts, e.inferred, e.late) for e in ref.events],
+                        columns=["device_id", "fence_id", "type", "ts", "inferred", "late"])
