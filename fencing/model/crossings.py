@@ -55,16 +55,13 @@ def boundary_distance_m(geoms: np.ndarray, lon: np.ndarray, lat: np.ndarray) -> 
     return shapely.distance(moved, shapely.points(np.zeros(n), np.zeros(n)))
 
 
-def inside_stretches(geoms: np.ndarray, lon0, lat0, lon1, lat1
-                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For pairs (geometry, segment): the stretches of the segment inside the geometry (boundary
-    counts), as fractions [lo, hi] of the way from its first to its second end, merged where they
-    touch, sorted. Returns (pair index, lo, hi); one intersection call for all pairs."""
+def inside_stretches(geoms: np.ndarray, segs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For pairs (geometry, two-point LineString): the stretches of the segment inside the geometry
+    (boundary counts), as fractions [lo, hi] of the way from its first to its second point, merged
+    where they touch, sorted. Returns (pair index, lo, hi); one intersection call for all pairs."""
     n = len(geoms)
     if n == 0:
         return np.empty(0, np.int64), np.empty(0), np.empty(0)
-    coords = np.stack([np.column_stack([lon0, lat0]), np.column_stack([lon1, lat1])], axis=1).astype(np.float64)
-    segs = shapely.linestrings(coords)
     cut = shapely.intersection(np.asarray(geoms, dtype=object), segs)
     parts, pair = shapely.get_parts(cut, return_index=True)
     lines = (shapely.get_type_id(parts) == int(shapely.GeometryType.LINESTRING)) & ~shapely.is_empty(parts)

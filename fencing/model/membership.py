@@ -144,11 +144,6 @@ class _PairTable:
         points at a time, e.g. one cell group's, never needs it)."""
         return _Rings.build(self.geoms, self.bounds)
 
-    @cached_property
-    def tree(self) -> shapely.STRtree:
-        """Built on the first segment query (sparse fixes): the fences by box, for straight segments."""
-        return shapely.STRtree(self.geoms)
-
     @classmethod
     def build(cls, fences: dict[str, _Fence]) -> _PairTable:
         """Whole-table numpy: one concatenation of every fence's cells, no per-fence arrays (a worker
@@ -296,16 +291,6 @@ class FenceIndex:
         out_point, out_fence = np.empty_like(point), np.empty_like(fence)
         out_point[at], out_fence[at] = point, fence
         return out_point, t.uids.take(out_fence)
-
-
-    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(segment index, fence uid) of every fence a LineString of `segments` intersects (boundary
-        counts): one tree query for all of them."""
-        if not len(self._fences) or not len(segments):
-            return np.empty(0, np.int64), np.empty(0, object)
-        t = self._pairs()
-        seg, fence = t.tree.query(segments, predicate="intersects")
-        return seg.astype(np.int64), t.uids.take(fence)
 
 
 def contains_exact(geom: BaseGeometry | np.ndarray, lon: np.ndarray, lat: np.ndarray) -> np.ndarray:

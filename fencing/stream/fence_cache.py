@@ -67,6 +67,7 @@ class FenceCache:
     _geoms: dict[str, tuple[int, shapely.Geometry]] = field(default_factory=dict)
     _holders: dict[str, set[str]] = field(default_factory=dict)    # uid → groups that hold it
     preload: bool = False          # the first refresh loads every group (see `refresh`)
+    _tree: tuple | None = None     # (uids, STRtree) of every cached fence, for segments; None = to build
     _preloaded: bool = False
 
     def __len__(self) -> int:
@@ -180,23 +181,22 @@ class FenceCache:
         by_point = np.argsort(point, kind="stable")
         return point[by_point], uid[by_point]
 
-    def match_segments(self, lon0: np.ndarray, lat0: np.ndarray, lon1: np.ndarray, lat1: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray]:
-        """All (segment, fence uid) pairs with the straight segment meeting the fence, whichever
-        shard holds it (a segment may cross groups): every shard's tree, pairs made distinct."""
-        if not len(lon0):
+    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """All (segment, fence uid) pairs with a LineString of `segments` meeting the fence (boundary
+        counts), whichever groups it crosses: one query of a tree over every cached fence, built on
+        the first segment after a change (per-shard trees cost 16 queries per batch)."""
+        if not len(segments) or not self._geoms:
             return np.empty(0, np.int64), np.empty(0, object)
-        segs = shapely.linestrings(np.stack([np.column_stack([lon0, lat0]), np.column_stack([lon1, lat1])], axis=1))
-        found = [index.match_segments(segs) for index in self.shards.values() if len(index)]
-        if not found:
-            return np.empty(0, np.int64), np.empty(0, object)
-        seg = np.concatenate([f[0] for f in found])
-        uid = np.concatenate([f[1] for f in found])
-        keep = ~pd.DataFrame({"s": seg, "u": uid}).duplicated().to_numpy()
-        return seg[keep], uid[keep]
+        if self._tree is None:
+            uids = np.array(list(self._geoms), dtype=object)
+            self._tree = (uids, shapely.STRtree([g for _, g in self._geoms.values()]))
+        uids, tree = self._tree
+        seg, fence = tree.query(segments, predicate="intersects")
+        return seg.astype(np.int64), uids.take(fence)
 
     def _replace_groups(self, loaded: list[tuple[str, int, dict[str, dict]]]) -> None:
         """Install (group, version, {uid: record}) and reindex the touched fences, shard by shard."""
+        self._tree = None
         touched: dict[int, set[str]] = {}
         for group, version, records in loaded:
             before = self.groups.get(group)
