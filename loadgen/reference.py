@@ -17,7 +17,8 @@ calls on single geometries. The rules (README "Event semantics"):
   device has no state for and this report is outside → each stretch inside touching neither end and
   at least min_stretch long gives ENTER, EXIT; a fence confirmed inside, nothing pending, this report
   inside → each gap between stretches at least min_stretch long gives EXIT, ENTER; interpolated ts,
-  fence active at both; min_stretch = max(10 m, 2 x the larger accuracy_m of the two reports);
+  fence active at both; min_stretch = max(10 m, 2 x the larger accuracy_m of the two reports); a
+  segment shorter than 30 m implies nothing;
 * late: a report older than the device's last counted one, at most 24 h older and not before its
   first counted one, is kept; at the end of each batch with new late fixes, per fence, over all kept
   late fixes in time order: a fix disagrees when its membership differs from the confirmed one at
@@ -35,6 +36,7 @@ import shapely
 from shapely.geometry import LineString, Point
 
 MIN_STRETCH_M = 10.0
+MIN_SEGMENT_M = 30.0
 
 
 @dataclass(frozen=True)
@@ -281,7 +283,7 @@ class Reference:
         if inside is None:
             point = Point(report.lon, report.lat)
             inside = {f.uid: f.geometry.covers(point) for f in mine}
-        if last is not None and _length_m(last, report) >= MIN_STRETCH_M:    # shorter: no stretch can count
+        if last is not None and _length_m(last, report) >= MIN_SEGMENT_M:    # shorter: implies nothing
             line = LineString([(last.lon, last.lat), (report.lon, report.lat)])
             for fence in mine:
                 for kind, t in _inferred(dev, fence, inside[fence.uid], last, report, line):

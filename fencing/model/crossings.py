@@ -6,10 +6,11 @@ Metres: each distance is measured on a local equirectangular plane centred on th
 segment's middle): exact to well under 1% at farm scale, and far cheaper than a geodesic. A segment
 is straight in lon/lat, which at these distances is the same line as on the ground.
 
-Noise rule (README "Event semantics"): a stretch inside a fence that both fixes are outside of (or
-outside a fence both are inside) counts only when it is at least `min_stretch_m` long:
-max(MIN_STRETCH_M, 2 x the larger `accuracy_m` of its two fixes). GPS jitter of a few metres near an
-edge then never makes a crossing, and a collar that says its fix is poor needs a longer stretch.
+Noise rule (README "Event semantics"): only segments at least MIN_SEGMENT_M (30 m) long imply
+anything, and a stretch inside a fence that both fixes are outside of (or outside a fence both are
+inside) counts only when it is at least `min_stretch_m` long: max(MIN_STRETCH_M (10 m), 2 x the larger
+`accuracy_m` of its two fixes). GPS jitter of a few metres near an edge then never makes a crossing,
+and a collar that says its fix is poor needs a longer stretch.
 """
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ import shapely
 M_PER_DEG_LAT = 110_574.0
 M_PER_DEG_LON_EQ = 111_320.0
 MIN_STRETCH_M = 10.0        # the shortest stretch that can count whatever the accuracy
+# the shortest segment that implies anything: below it the fixes themselves (debounced) tell where the
+# animal was, and its path between two close fixes is anything but straight (grazing, not walking)
+MIN_SEGMENT_M = 30.0
 ACCURACY_FACTOR = 2.0       # accuracy_m is about one sigma; two of them cover ~95% of fixes
 
 

@@ -30,10 +30,14 @@ class FenceRules:
     warn_m: float = 0.0
     active_from: int | None = None
     active_to: int | None = None
+    # derived once (the state machine asks per report and fence): has a window / anything per report
+    windowed: bool = field(init=False, compare=False, repr=False)
+    watched: bool = field(init=False, compare=False, repr=False)
 
-    @property
-    def windowed(self) -> bool:
-        return self.active_from is not None or self.active_to is not None
+    def __post_init__(self) -> None:
+        windowed = self.active_from is not None or self.active_to is not None
+        object.__setattr__(self, "windowed", windowed)
+        object.__setattr__(self, "watched", windowed or bool(self.warn_m))
 
     def active(self, t: int) -> bool:
         """Whether the fence exists at time t (ms): from `active_from` on, before `active_to`."""

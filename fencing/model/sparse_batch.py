@@ -2,9 +2,9 @@
 whole micro-batch: which matched fences each report is within `warn_m` of (APPROACH), and the
 segments between consecutive processed fixes that may imply crossings.
 
-Dense, in-order tracks pay almost nothing: no fence with warn_m → no distance; a segment is tested
-only when it is at least `crossings.MIN_STRETCH_M` long (a stretch inside or outside a fence can only
-count when it is that long), and then only against fences that both or neither of its ends are in.
+Dense, in-order tracks pay little: no fence with warn_m → no distance; a segment is tested only when
+it is at least `crossings.MIN_SEGMENT_M` long (and as long as the stretch it would need), and then only
+against fences that both or neither of its ends are in.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import shapely
 
-from fencing.model.crossings import ACCURACY_FACTOR, MIN_STRETCH_M, Segment, boundary_distance_m, inside_stretches, min_stretch_m, \
+from fencing.model.crossings import ACCURACY_FACTOR, MIN_SEGMENT_M, MIN_STRETCH_M, Segment, boundary_distance_m, inside_stretches, min_stretch_m, \
     segment_length_m
 from fencing.model.fence_store import FenceRules
 from fencing.model.transitions import DeviceState, accepted_rows
@@ -30,7 +30,8 @@ class Fences(Protocol):
 
     def geometry(self, uid: str) -> shapely.Geometry: ...
 
-    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(segment, fence uid) pairs: at least every fence each segment meets (boxes may do)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def batch_segments(fences: Fences, track: Track, states: list[DeviceState], take
     acc1 = track.accuracy[rows]
     length = segment_length_m(lon0, lat0, track.lon[rows], track.lat[rows])
     need = np.maximum(MIN_STRETCH_M, ACCURACY_FACTOR * np.fmax(np.nan_to_num(acc0, nan=0.0), np.nan_to_num(acc1, nan=0.0)))
-    long = length >= need
+    long = (length >= need) & (length >= MIN_SEGMENT_M)
     if not long.any():
         return {}
     rows, prev, device, from_state = rows[long], prev[long], device[long], from_state[long]
@@ -157,12 +158,14 @@ def batch_segments(fences: Fences, track: Track, states: list[DeviceState], take
     if not len(seg):
         return {}
     geoms = np.array([fences.geometry(u) for u in seg_uid], dtype=object)
-    if both.any():      # a segment that stays inside a fence both ends are in has no gap to find
-        b = np.flatnonzero(both)
-        covered = np.zeros(len(seg), bool)
-        covered[b] = shapely.covers(geoms[b], lines[seg[b]])
-        k = ~covered
-        seg, seg_uid, geoms = seg[k], seg_uid[k], geoms[k]
+    # prepared fences, cheap tests first: a segment that stays inside a fence both ends are in has no
+    # gap to find; one that misses a fence neither end is in (only their boxes met) has no stretch
+    b = np.flatnonzero(both)
+    k = np.flatnonzero(~both)
+    keep = np.zeros(len(seg), bool)
+    keep[b] = ~shapely.covers(geoms[b], lines[seg[b]])
+    keep[k] = shapely.intersects(geoms[k], lines[seg[k]])
+    seg, seg_uid, geoms = seg[keep], seg_uid[keep], geoms[keep]
     pair, lo, hi = inside_stretches(geoms, lines[seg])
     stretches: dict[int, list[tuple[float, float]]] = {}
     for q, a, b in zip(pair.tolist(), lo.tolist(), hi.tolist()):

@@ -22,6 +22,7 @@ from fencing.model.crossings import Segment, implied
 from fencing.model.fence_store import FenceRules
 
 DEFAULT_RULES = FenceRules()
+EMPTY: frozenset[str] = frozenset()
 LATE_HORIZON_MS = 24 * 3600 * 1000      # late fixes older than this (before the last processed one) are not replayed
 MAX_STAYS = 32                          # ended stays kept per device for late fixes
 
@@ -77,10 +78,12 @@ class DeviceState:
     def from_dict(cls, d: dict | None) -> "DeviceState":
         if not d:
             return cls()
-        return cls(d.get("t"), d.get("la"), d.get("lo"), d.get("bt"), d.get("c"),
-                   {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()}, d.get("sn"), d.get("ac"),
-                   [list(x) for x in d.get("st", ())], d.get("kf"), [list(x) for x in d.get("lf", ())],
-                   [list(x) for x in d.get("em", ())])
+        state = cls(d.get("t"), d.get("la"), d.get("lo"), d.get("bt"), d.get("c"),
+                    {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()}, d.get("sn"), d.get("ac"),
+                    known_from=d.get("kf"))
+        if "st" in d or "lf" in d or "em" in d:     # stored only when there are some
+            state.stays, state.late, state.emitted = d.get("st") or [], d.get("lf") or [], d.get("em") or []
+        return state
 
     def close_stay(self, uid: str, since: int | None, t: int) -> None:
         """A confirmed stay in `uid` ended at t (EXIT, or its window closed): kept for late fixes,
@@ -88,6 +91,8 @@ class DeviceState:
         if since is None:
             return
         self.stays.append([uid, since, t])
+        if len(self.stays) <= MAX_STAYS and self.stays[0][2] >= t - LATE_HORIZON_MS:
+            return
         keep = [s for s in self.stays if s[2] >= t - LATE_HORIZON_MS]
         if len(keep) > MAX_STAYS:
             keep = keep[-MAX_STAYS:]
@@ -105,7 +110,9 @@ class DeviceState:
         if self.last_ts is not None:
             if t < self.last_ts or (t == self.last_ts and (lat, lon) == (self.last_lat, self.last_lon)):
                 return False
-        self.take(t, lat, lon)
+        if self.known_from is None:       # stays are complete from here on (see `take`)
+            self.known_from = t if self.last_ts is None else self.last_ts
+        self.last_ts, self.last_lat, self.last_lon = t, lat, lon
         return True
 
     def take(self, t: int, lat: float, lon: float) -> None:
@@ -194,7 +201,7 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
         if settled is not None and inside_now == settled:
             continue            # agrees with the confirmed state, nothing pending or timed: no change
         step_report(state, device_id, t, la, lo, inside_now, rules, deleted, events,
-                    near[i] if near is not None else frozenset(), dropped)
+                    near[i] if near is not None else EMPTY, dropped)
         settled = _settled(state, rules, deleted)
     return Advanced(events, last, dropped)
 
@@ -236,7 +243,8 @@ def step_report(state: DeviceState, device_id: str, t: int, lat: float, lon: flo
             state.fences.pop(uid, None)
             continue
         rule = rules.get(uid, DEFAULT_RULES)
-        if rule.windowed and not rule.active(t):
+        watched = rule.watched
+        if watched and rule.windowed and not rule.active(t):
             gone = state.fences.pop(uid, None)
             if gone is not None and gone.inside:
                 state.close_stay(uid, gone.since, t)
@@ -250,7 +258,7 @@ def step_report(state: DeviceState, device_id: str, t: int, lat: float, lon: flo
             events.append(make_event(uid, device_id, kind, t, lat, lon))
             if kind == "exit":
                 state.close_stay(uid, since, t)
-        if rule.warn_m and fence_state.inside and uid in inside_now:
+        if watched and rule.warn_m and fence_state.inside and uid in inside_now:
             if uid not in near:
                 fence_state.armed = True
             elif fence_state.armed:
@@ -318,9 +326,10 @@ def _settled(state: DeviceState, rules: dict[str, FenceRules], deleted: set[str]
     case: a cow grazing inside its paddock, or outside all fences): a report that matches exactly
     those changes nothing. None when a report could change something whatever it matched."""
     for uid, fence_state in state.fences.items():
+        if fence_state.streak or not fence_state.inside:
+            return None
         rule = rules.get(uid, DEFAULT_RULES)
-        if fence_state.streak or not fence_state.inside or (not fence_state.dwelled and rule.dwell_seconds) \
-                or rule.warn_m or rule.windowed:
+        if rule.watched or (rule.dwell_seconds and not fence_state.dwelled):
             return None
     if deleted and not deleted.isdisjoint(state.fences):
         return None

@@ -81,7 +81,7 @@ def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray
         state = states[d]
         device_id = dkeys[d].partition("/")[2]
         device_segments = device_near = None
-        if d in extra_devices:
+        if extra_devices and d in extra_devices:
             device_segments = {r - lo: segments[r] for r in range(lo, hi) if r in segments}
             device_near = [near.get(r, frozenset()) for r in range(lo, hi)] if near else None
         done = advance(state, device_id, ts[lo:hi], lat[lo:hi], lon[lo:hi], matched[lo:hi], cache.rules, deleted,
@@ -92,9 +92,11 @@ def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray
                 state.battery = float(battery[lo + done.last])
             given = accuracy[lo + done.last]
             state.accuracy = None if given != given else float(given)
-        events += done.events
-        dropped += [(uid, dkeys[d], t) for uid, t in done.dropped]
-        if d in late_devices:      # buffered fixes: replayed against the state they arrived after
+        if done.events:
+            events += done.events
+        if done.dropped:
+            dropped += [(uid, dkeys[d], t) for uid, t in done.dropped]
+        if late_devices and d in late_devices:      # buffered fixes: replayed against the state they arrived after
             rows = late_rows[(late_rows >= lo) & (late_rows < hi)].tolist()
             events += late.replay(state, device_id, [(ts[r], lat[r], lon[r], matched[r]) for r in rows],
                                   cache.rules, deleted)

@@ -182,16 +182,17 @@ class FenceCache:
         return point[by_point], uid[by_point]
 
     def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """All (segment, fence uid) pairs with a LineString of `segments` meeting the fence (boundary
-        counts), whichever groups it crosses: one query of a tree over every cached fence, built on
-        the first segment after a change (per-shard trees cost 16 queries per batch)."""
+        """Every (segment, fence uid) pair whose boxes meet (a superset of the fences a LineString of
+        `segments` meets: the caller tests exactly only the pairs it still needs, against the
+        prepared fences), whichever groups it crosses: one query of a tree over every cached fence,
+        built on the first segment after a change (per-shard trees cost 16 queries per batch)."""
         if not len(segments) or not self._geoms:
             return np.empty(0, np.int64), np.empty(0, object)
         if self._tree is None:
             uids = np.array(list(self._geoms), dtype=object)
             self._tree = (uids, shapely.STRtree([g for _, g in self._geoms.values()]))
         uids, tree = self._tree
-        seg, fence = tree.query(segments, predicate="intersects")
+        seg, fence = tree.query(segments)
         return seg.astype(np.int64), uids.take(fence)
 
     def _replace_groups(self, loaded: list[tuple[str, int, dict[str, dict]]]) -> None:

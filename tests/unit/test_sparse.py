@@ -95,13 +95,20 @@ def test_two_fixes_either_side_of_a_strip_give_inferred_enter_and_exit():
 
 def test_a_short_stretch_or_a_poor_fix_is_no_crossing():
     corner = box_m(0, 200, 100, 300)
-    # the segment cuts the corner over ~7 m: below the 10 m floor
-    short = [at("a", T0, -10, 285), at("a", T0 + 10 * MIN, 10, 305)]
+    # the 57 m segment cuts the corner over ~7 m: below the 10 m floor
+    short = [at("a", T0, -30, 265), at("a", T0 + 10 * MIN, 10, 305)]
     # 30 m through the strip, but the fixes say ±20 m: 40 m needed
     poor = [at("b", T0, -50, 50, accuracy=20), at("b", T0 + 10 * MIN, 150, 50, accuracy=5)]
     strip = box_m(20, -500, 50, 500)
     got, want, _ = run_both({"farm-a/c": (corner, {}), "farm-a/s": (strip, {})},
                             [[short[0], poor[0]], [short[1], poor[1]]])
+    assert got == want == []
+
+
+def test_a_segment_under_30_m_implies_nothing():
+    strip = box_m(100, -500, 112, 500)        # 12 m wide: crossed by a 28 m segment
+    reports = [at("cow", T0, 92, 0), at("cow", T0 + 10 * MIN, 120, 0)]
+    got, want, _ = run_both({"farm-a/lane": (strip, {})}, [reports])
     assert got == want == []
 
 
