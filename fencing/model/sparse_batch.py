@@ -30,8 +30,8 @@ class Fences(Protocol):
 
     def geometry(self, uid: str) -> shapely.Geometry: ...
 
-    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(segment, fence uid) pairs: at least every fence each segment meets (boxes may do)."""
+    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(segment, fence uid, fence geometry) triples: at least every fence each segment meets."""
 
 
 @dataclass(frozen=True)
@@ -126,14 +126,15 @@ def batch_segments(fences: Fences, track: Track, states: list[DeviceState], take
         return {}
     rows, prev, device, from_state = rows[long], prev[long], device[long], from_state[long]
     lat0, lon0, t0, acc0, acc1, length = lat0[long], lon0[long], t0[long], acc0[long], acc1[long], length[long]
-    lines = shapely.linestrings(np.stack([np.column_stack([lon0, lat0]),
-                                          np.column_stack([track.lon[rows], track.lat[rows]])], axis=1))
-    seg, seg_uid = fences.match_segments(lines)
+    ends = np.empty((2 * len(rows), 2))
+    ends[0::2, 0], ends[0::2, 1], ends[1::2, 0], ends[1::2, 1] = lon0, lat0, track.lon[rows], track.lat[rows]
+    lines = shapely.linestrings(ends, indices=np.repeat(np.arange(len(rows)), 2))
+    seg, seg_uid, geoms = fences.match_segments(lines)
     if not len(seg):
         return {}
     # tenancy: a farm's devices meet that farm's fences only
     own = np.array([fences.fence_farm.get(u, "") for u in seg_uid], dtype=object) == track.farm[rows[seg]]
-    seg, seg_uid = seg[own], seg_uid[own]
+    seg, seg_uid, geoms = seg[own], seg_uid[own], geoms[own]
     # which end is inside each fence: the batch's matches for rows here, the state's fences for a
     # previous fix of an earlier batch (a fence it was inside is in its state unless it ended)
     code_of = {u: c for c, u in enumerate(distinct.tolist())}
@@ -154,10 +155,9 @@ def batch_segments(fences: Fences, track: Track, states: list[DeviceState], take
                            for u in states[d].fences if u in code_of], dtype=np.int64)
     in0 = np.where(from_state[seg], _member(device[seg] * width + seg_code, np.sort(state_keys)), in0)
     keep = in0 == in1
-    seg, seg_uid, both = seg[keep], seg_uid[keep], in1[keep]
+    seg, seg_uid, geoms, both = seg[keep], seg_uid[keep], geoms[keep], in1[keep]
     if not len(seg):
         return {}
-    geoms = np.array([fences.geometry(u) for u in seg_uid], dtype=object)
     # prepared fences, cheap tests first: a segment that stays inside a fence both ends are in has no
     # gap to find; one that misses a fence neither end is in (only their boxes met) has no stretch
     b = np.flatnonzero(both)
