@@ -43,6 +43,21 @@ def segment_length_m(lon0, lat0, lon1, lat1) -> np.ndarray:
     return np.hypot(dx, dy)
 
 
+def convex_polygons(geoms: np.ndarray) -> np.ndarray:
+    """Per geometry: a Polygon without holes equal to its convex hull (a segment between two of its
+    points stays inside it). Areas compared to 1e-9: a paddock's rectangle is, a notched one is not."""
+    geoms = np.asarray(geoms, dtype=object)
+    if not len(geoms):
+        return np.empty(0, bool)
+    polygon = shapely.get_type_id(geoms) == int(shapely.GeometryType.POLYGON)
+    out = np.zeros(len(geoms), bool)
+    k = np.flatnonzero(polygon)
+    k = k[shapely.get_num_interior_rings(geoms[k]) == 0]
+    area = shapely.area(geoms[k])
+    out[k] = shapely.area(shapely.convex_hull(geoms[k])) <= area * (1 + 1e-9)
+    return out
+
+
 def boundary_distance_m(geoms: np.ndarray, lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
     """Distance in metres from each point to the boundary of its geometry (pairs, equal length):
     every ring counts, holes too. The boundary is moved to the plane centred on its point."""

@@ -30,8 +30,8 @@ class Fences(Protocol):
 
     def geometry(self, uid: str) -> shapely.Geometry: ...
 
-    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(segment, fence uid, fence geometry) triples: at least every fence each segment meets."""
+    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(segment, fence uid, fence geometry, fence convex): at least every fence each segment meets."""
 
 
 @dataclass(frozen=True)
@@ -129,12 +129,12 @@ def batch_segments(fences: Fences, track: Track, states: list[DeviceState], take
     ends = np.empty((2 * len(rows), 2))
     ends[0::2, 0], ends[0::2, 1], ends[1::2, 0], ends[1::2, 1] = lon0, lat0, track.lon[rows], track.lat[rows]
     lines = shapely.linestrings(ends, indices=np.repeat(np.arange(len(rows)), 2))
-    seg, seg_uid, geoms = fences.match_segments(lines)
+    seg, seg_uid, geoms, convex = fences.match_segments(lines)
     if not len(seg):
         return {}
     # tenancy: a farm's devices meet that farm's fences only
     own = np.array([fences.fence_farm.get(u, "") for u in seg_uid], dtype=object) == track.farm[rows[seg]]
-    seg, seg_uid, geoms = seg[own], seg_uid[own], geoms[own]
+    seg, seg_uid, geoms, convex = seg[own], seg_uid[own], geoms[own], convex[own]
     # which end is inside each fence: the batch's matches for rows here, the state's fences for a
     # previous fix of an earlier batch (a fence it was inside is in its state unless it ended)
     code_of = {u: c for c, u in enumerate(distinct.tolist())}
@@ -154,7 +154,8 @@ def batch_segments(fences: Fences, track: Track, states: list[DeviceState], take
     state_keys = np.array([d * width + code_of[u] for d in np.unique(device[from_state]).tolist()
                            for u in states[d].fences if u in code_of], dtype=np.int64)
     in0 = np.where(from_state[seg], _member(device[seg] * width + seg_code, np.sort(state_keys)), in0)
-    keep = in0 == in1
+    # both ends in a convex fence: the segment stays inside it, no gap to find
+    keep = (in0 == in1) & ~(in1 & convex)
     seg, seg_uid, geoms, both = seg[keep], seg_uid[keep], geoms[keep], in1[keep]
     if not len(seg):
         return {}

@@ -25,6 +25,7 @@ import shapely
 from fencing.model import keys
 from fencing.model.fence_store import FenceRules
 from fencing.model.geometry import group_names
+from fencing.model.crossings import convex_polygons
 from fencing.model.membership import FenceIndex
 from fencing.model.node_pipe import NodePipeline
 from fencing.config import TUNING
@@ -67,7 +68,7 @@ class FenceCache:
     _geoms: dict[str, tuple[int, shapely.Geometry]] = field(default_factory=dict)
     _holders: dict[str, set[str]] = field(default_factory=dict)    # uid → groups that hold it
     preload: bool = False          # the first refresh loads every group (see `refresh`)
-    _tree: tuple | None = None     # (uids, geoms, STRtree) of every cached fence, for segments; None = to build
+    _tree: tuple | None = None     # (uids, geoms, convex, STRtree) of every cached fence; None = to build
     _preloaded: bool = False
 
     def __len__(self) -> int:
@@ -181,20 +182,20 @@ class FenceCache:
         by_point = np.argsort(point, kind="stable")
         return point[by_point], uid[by_point]
 
-    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every (segment, fence uid, fence geometry) whose boxes meet (a superset of the fences a LineString of
+    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every (segment, fence uid, fence geometry, fence is convex) whose boxes meet (a superset of the fences a LineString of
         `segments` meets: the caller tests exactly only the pairs it still needs, against the
         prepared fences), whichever groups it crosses: one query of a tree over every cached fence,
         built on the first segment after a change (per-shard trees cost 16 queries per batch)."""
         if not len(segments) or not self._geoms:
-            return np.empty(0, np.int64), np.empty(0, object), np.empty(0, object)
+            return np.empty(0, np.int64), np.empty(0, object), np.empty(0, object), np.empty(0, bool)
         if self._tree is None:
             uids = np.array(list(self._geoms), dtype=object)
             geoms = np.array([g for _, g in self._geoms.values()], dtype=object)
-            self._tree = (uids, geoms, shapely.STRtree(geoms))
-        uids, geoms, tree = self._tree
+            self._tree = (uids, geoms, convex_polygons(geoms), shapely.STRtree(geoms))
+        uids, geoms, convex, tree = self._tree
         seg, fence = tree.query(segments)
-        return seg.astype(np.int64), uids.take(fence), geoms.take(fence)
+        return seg.astype(np.int64), uids.take(fence), geoms.take(fence), convex.take(fence)
 
     def _replace_groups(self, loaded: list[tuple[str, int, dict[str, dict]]]) -> None:
         """Install (group, version, {uid: record}) and reindex the touched fences, shard by shard."""
