@@ -15,12 +15,63 @@ import numpy as np
 import pandas as pd
 import shapely
 
-from fencing.model.crossings import ACCURACY_FACTOR, MIN_SEGMENT_M, MIN_STRETCH_M, Segment, boundary_distance_m, inside_stretches, min_stretch_m, \
-    segment_length_m
+from fencing.model.crossings import ACCURACY_FACTOR, MIN_SEGMENT_M, MIN_STRETCH_M, Segment, boundary_distance_m, \
+    convex_polygons, inside_stretches, min_stretch_m, segment_length_m
 from fencing.model.fence_store import FenceRules
 from fencing.model.transitions import DeviceState, accepted_rows
 
 EMPTY: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class FarmFences:
+    """The cached fences sorted by farm, with boxes and a convexity flag: a device's segment is tested
+    against its own farm's fences only (tenancy), so the candidates of a segment are a box test over a
+    few dozen fences, in numpy for all segments at once — no geometry is made for a segment that
+    meets none of them."""
+    uids: np.ndarray           # object
+    geoms: np.ndarray          # object
+    bounds: np.ndarray         # float64 (n, 4)
+    convex: np.ndarray         # bool
+    farms: dict[str, tuple[int, int]]      # farm → its fences' slice
+    index: dict[str, int]                  # uid → position
+
+    @classmethod
+    def build(cls, uids: list[str], geoms: list, fence_farm: dict[str, str]) -> "FarmFences":
+        farm = np.array([fence_farm.get(u, "") for u in uids], dtype=object)
+        order = np.argsort(farm, kind="stable")
+        uids_a = np.array(uids, dtype=object)[order] if uids else np.empty(0, object)
+        geoms_a = np.array(geoms, dtype=object)[order] if uids else np.empty(0, object)
+        farm = farm[order]
+        edges = np.flatnonzero(np.r_[True, farm[1:] != farm[:-1], True]) if len(farm) else np.zeros(1, np.int64)
+        farms = {farm[a]: (int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])}
+        return cls(uids_a, geoms_a, shapely.bounds(geoms_a).reshape(-1, 4), convex_polygons(geoms_a), farms,
+                   {u: i for i, u in enumerate(uids_a.tolist())})
+
+    def candidates(self, farm: np.ndarray, x0, y0, x1, y1, chunk: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:
+        """(segment, fence position) for every segment and fence of its farm whose boxes meet."""
+        if not len(farm) or not len(self.uids):
+            return np.empty(0, np.int64), np.empty(0, np.int64)
+        codes, names = pd.factorize(np.asarray(farm, dtype=object))
+        span = np.array([self.farms.get(n, (0, 0)) for n in names], dtype=np.int64).reshape(-1, 2)
+        lo, count = span[codes, 0], span[codes, 1] - span[codes, 0]
+        sx0, sx1 = np.minimum(x0, x1), np.maximum(x0, x1)
+        sy0, sy1 = np.minimum(y0, y1), np.maximum(y0, y1)
+        segs, fences = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
+        ends = np.cumsum(count)
+        start = 0
+        while start < len(farm):          # bounded pair arrays: chunks of about `chunk` pairs
+            stop = int(np.searchsorted(ends, (ends[start - 1] if start else 0) + chunk, side="right"))
+            stop = max(stop, start + 1)
+            n = count[start:stop]
+            seg = np.repeat(np.arange(start, stop), n)
+            fence = np.repeat(lo[start:stop] - (np.cumsum(n) - n), n) + np.arange(len(seg))
+            b = self.bounds[fence]
+            hit = (b[:, 0] <= sx1[seg]) & (b[:, 2] >= sx0[seg]) & (b[:, 1] <= sy1[seg]) & (b[:, 3] >= sy0[seg])
+            segs.append(seg[hit])
+            fences.append(fence[hit])
+            start = stop
+        return np.concatenate(segs), np.concatenate(fences)
 
 
 class Fences(Protocol):
@@ -30,8 +81,7 @@ class Fences(Protocol):
 
     def geometry(self, uid: str) -> shapely.Geometry: ...
 
-    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(segment, fence uid, fence geometry, fence convex): at least every fence each segment meets."""
+    def farm_fences(self) -> FarmFences: ...
 
 
 @dataclass(frozen=True)
@@ -126,48 +176,47 @@ def batch_segments(fences: Fences, track: Track, states: list[DeviceState], take
         return {}
     rows, prev, device, from_state = rows[long], prev[long], device[long], from_state[long]
     lat0, lon0, t0, acc0, acc1, length = lat0[long], lon0[long], t0[long], acc0[long], acc1[long], length[long]
-    ends = np.empty((2 * len(rows), 2))
-    ends[0::2, 0], ends[0::2, 1], ends[1::2, 0], ends[1::2, 1] = lon0, lat0, track.lon[rows], track.lat[rows]
-    lines = shapely.linestrings(ends, indices=np.repeat(np.arange(len(rows)), 2))
-    seg, seg_uid, geoms, convex = fences.match_segments(lines)
+    table = fences.farm_fences()
+    lon1, lat1 = track.lon[rows], track.lat[rows]
+    seg, fence = table.candidates(track.farm[rows], lon0, lat0, lon1, lat1)   # own farm only (tenancy)
     if not len(seg):
         return {}
-    # tenancy: a farm's devices meet that farm's fences only
-    own = np.array([fences.fence_farm.get(u, "") for u in seg_uid], dtype=object) == track.farm[rows[seg]]
-    seg, seg_uid, geoms, convex = seg[own], seg_uid[own], geoms[own], convex[own]
     # which end is inside each fence: the batch's matches for rows here, the state's fences for a
-    # previous fix of an earlier batch (a fence it was inside is in its state unless it ended)
-    code_of = {u: c for c, u in enumerate(distinct.tolist())}
-    for u in seg_uid.tolist():          # fences met only by segments get codes after the matched ones
-        code_of.setdefault(u, len(code_of))
-    seg_code = np.array([code_of[u] for u in seg_uid.tolist()], dtype=np.int64)
-    width = len(code_of) + 1
-    # the matches of the rows that are ends of these segments only, as sorted keys row * width + code
+    # previous fix of an earlier batch (a fence it was inside is in its state unless it ended); keys
+    # row * width + the fence's position in the table, sorted, for the segments' ends only
+    width = len(table.uids) + 1
+    position = np.array([table.index.get(u, -1) for u in distinct.tolist()], dtype=np.int64)
     wanted = np.zeros(len(track.ts), dtype=bool)
     wanted[rows[seg]] = True
     wanted[prev[seg][prev[seg] >= 0]] = True
     point_idx = np.asarray(point_idx, np.int64)
     sub = wanted[point_idx] if len(point_idx) else np.zeros(0, bool)
-    matched_keys = np.sort(point_idx[sub] * width + np.asarray(code, np.int64)[sub])
-    in1 = _member(rows[seg] * width + seg_code, matched_keys)
-    in0 = _member(np.maximum(prev[seg], 0) * width + seg_code, matched_keys)
-    state_keys = np.array([d * width + code_of[u] for d in np.unique(device[from_state]).tolist()
-                           for u in states[d].fences if u in code_of], dtype=np.int64)
-    in0 = np.where(from_state[seg], _member(device[seg] * width + seg_code, np.sort(state_keys)), in0)
-    # both ends in a convex fence: the segment stays inside it, no gap to find
-    keep = (in0 == in1) & ~(in1 & convex)
-    seg, seg_uid, geoms, both = seg[keep], seg_uid[keep], geoms[keep], in1[keep]
+    at = position[np.asarray(code, np.int64)[sub]] if len(point_idx) else np.zeros(0, np.int64)
+    matched_keys = np.sort((point_idx[sub] * width + at)[at >= 0])
+    in1 = _member(rows[seg] * width + fence, matched_keys)
+    in0 = _member(np.maximum(prev[seg], 0) * width + fence, matched_keys)
+    state_keys = np.array([d * width + table.index[u] for d in np.unique(device[from_state]).tolist()
+                           for u in states[d].fences if u in table.index], dtype=np.int64)
+    in0 = np.where(from_state[seg], _member(device[seg] * width + fence, np.sort(state_keys)), in0)
+    # both ends in a convex fence (a paddock's rectangle): the segment stays inside, no gap to find
+    keep = (in0 == in1) & ~(in1 & table.convex[fence])
+    seg, fence, both = seg[keep], fence[keep], in1[keep]
     if not len(seg):
         return {}
-    # prepared fences, cheap tests first: a segment that stays inside a fence both ends are in has no
-    # gap to find; one that misses a fence neither end is in (only their boxes met) has no stretch
+    # geometry only now, for the segments left: prepared fences, cheap tests first (a segment inside
+    # a fence both ends are in has no gap; one missing a fence neither end is in has no stretch)
+    need, local = np.unique(seg, return_inverse=True)
+    ends = np.empty((2 * len(need), 2))
+    ends[0::2, 0], ends[0::2, 1], ends[1::2, 0], ends[1::2, 1] = lon0[need], lat0[need], lon1[need], lat1[need]
+    lines = shapely.linestrings(ends, indices=np.repeat(np.arange(len(need)), 2))[local]
+    geoms = table.geoms[fence]
     b = np.flatnonzero(both)
     k = np.flatnonzero(~both)
     keep = np.zeros(len(seg), bool)
-    keep[b] = ~shapely.covers(geoms[b], lines[seg[b]])
-    keep[k] = shapely.intersects(geoms[k], lines[seg[k]])
-    seg, seg_uid, geoms = seg[keep], seg_uid[keep], geoms[keep]
-    pair, lo, hi = inside_stretches(geoms, lines[seg])
+    keep[b] = ~shapely.covers(geoms[b], lines[b])
+    keep[k] = shapely.intersects(geoms[k], lines[k])
+    seg, seg_uid, geoms, lines = seg[keep], table.uids[fence[keep]], geoms[keep], lines[keep]
+    pair, lo, hi = inside_stretches(geoms, lines)
     stretches: dict[int, list[tuple[float, float]]] = {}
     for q, a, b in zip(pair.tolist(), lo.tolist(), hi.tolist()):
         stretches.setdefault(q, []).append((a, b))

@@ -25,7 +25,7 @@ import shapely
 from fencing.model import keys
 from fencing.model.fence_store import FenceRules
 from fencing.model.geometry import group_names
-from fencing.model.crossings import convex_polygons
+from fencing.model.sparse_batch import FarmFences
 from fencing.model.membership import FenceIndex
 from fencing.model.node_pipe import NodePipeline
 from fencing.config import TUNING
@@ -68,7 +68,7 @@ class FenceCache:
     _geoms: dict[str, tuple[int, shapely.Geometry]] = field(default_factory=dict)
     _holders: dict[str, set[str]] = field(default_factory=dict)    # uid → groups that hold it
     preload: bool = False          # the first refresh loads every group (see `refresh`)
-    _tree: tuple | None = None     # (uids, geoms, convex, STRtree) of every cached fence; None = to build
+    _tree: "FarmFences | None" = None   # every cached fence by farm, for segments; None = to build
     _preloaded: bool = False
 
     def __len__(self) -> int:
@@ -182,20 +182,11 @@ class FenceCache:
         by_point = np.argsort(point, kind="stable")
         return point[by_point], uid[by_point]
 
-    def match_segments(self, segments: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Every (segment, fence uid, fence geometry, fence is convex) whose boxes meet (a superset of the fences a LineString of
-        `segments` meets: the caller tests exactly only the pairs it still needs, against the
-        prepared fences), whichever groups it crosses: one query of a tree over every cached fence,
-        built on the first segment after a change (per-shard trees cost 16 queries per batch)."""
-        if not len(segments) or not self._geoms:
-            return np.empty(0, np.int64), np.empty(0, object), np.empty(0, object), np.empty(0, bool)
+    def farm_fences(self) -> FarmFences:
+        """Every cached fence grouped by farm (for segments), built on first use after a change."""
         if self._tree is None:
-            uids = np.array(list(self._geoms), dtype=object)
-            geoms = np.array([g for _, g in self._geoms.values()], dtype=object)
-            self._tree = (uids, geoms, convex_polygons(geoms), shapely.STRtree(geoms))
-        uids, geoms, convex, tree = self._tree
-        seg, fence = tree.query(segments)
-        return seg.astype(np.int64), uids.take(fence), geoms.take(fence), convex.take(fence)
+            self._tree = FarmFences.build(list(self._geoms), [g for _, g in self._geoms.values()], self.fence_farm)
+        return self._tree
 
     def _replace_groups(self, loaded: list[tuple[str, int, dict[str, dict]]]) -> None:
         """Install (group, version, {uid: record}) and reindex the touched fences, shard by shard."""
