@@ -20,7 +20,7 @@ calls on single geometries. The rules (README "Event semantics"):
   fence active at both; min_stretch = max(10 m, 2 x the larger accuracy_m of the two reports); a
   segment shorter than 30 m implies nothing;
 * late: a report older than the device's last counted one, at most 24 h older and not before its
-  first counted one, is kept; at the end of each batch with new late fixes, per fence, over all kept
+  first counted one (nor before the end of a stay it has forgotten: it remembers 12), is kept; at the end of each batch with new late fixes, per fence, over all kept
   late fixes in time order: a fix disagrees when its membership differs from the confirmed one at
   its time; disagreement debounced by the fence's rule confirms a departure, agreement debounced
   again confirms the return; with the same confirmed membership at both, EXIT+ENTER (ENTER+EXIT
@@ -99,6 +99,14 @@ class _Device:
     late: dict[tuple[int, float, float], set[str]] = field(default_factory=dict)
     emitted: set[str] = field(default_factory=set)
 
+    def end_stay(self, uid: str, since: int | None, t: int) -> None:
+        """A stay ended; the oldest ones are forgotten, and late fixes before their end with them."""
+        if since is None:
+            return
+        self.stays.append((uid, since, t))
+        while len(self.stays) > MAX_STAYS or self.stays[0][2] < t - HORIZON_MS:
+            self.first_ts = max(self.first_ts, self.stays.pop(0)[2])
+
     def was_inside(self, uid: str, t: int) -> bool:
         now = self.fences.get(uid)
         if now is not None and now.inside and now.since is not None and now.since <= t:
@@ -107,6 +115,7 @@ class _Device:
 
 
 HORIZON_MS = 24 * 3600 * 1000
+MAX_STAYS = 12          # the device remembers its last 12 ended stays (and 24 h of them at most)
 
 
 def _metres(lon0: float, lat0: float):
@@ -294,14 +303,14 @@ class Reference:
             if not fence.active(report.ts):
                 gone = dev.fences.pop(fence.uid, None)
                 if gone is not None and gone.inside:
-                    dev.stays.append((fence.uid, gone.since, report.ts))
+                    dev.end_stay(fence.uid, gone.since, report.ts)
                 continue
             state = dev.fences.get(fence.uid) or _Fence()
             now_in = inside[fence.uid]
             since = state.since
             kind = _step(state, fence, now_in, report.ts)
             if kind == "exit":
-                dev.stays.append((fence.uid, since, report.ts))
+                dev.end_stay(fence.uid, since, report.ts)
             if kind:
                 self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, report.ts, farm_id=farm))
             if fence.warn_m and state.inside and now_in:

@@ -24,7 +24,7 @@ from fencing.model.fence_store import FenceRules
 DEFAULT_RULES = FenceRules()
 EMPTY: frozenset[str] = frozenset()
 LATE_HORIZON_MS = 24 * 3600 * 1000      # late fixes older than this (before the last processed one) are not replayed
-MAX_STAYS = 32                          # ended stays kept per device for late fixes
+MAX_STAYS = 12                          # ended stays kept per device for late fixes (state size)
 
 
 @dataclass
@@ -87,19 +87,15 @@ class DeviceState:
 
     def close_stay(self, uid: str, since: int | None, t: int) -> None:
         """A confirmed stay in `uid` ended at t (EXIT, or its window closed): kept for late fixes,
-        24 h and MAX_STAYS at most (what falls off moves `known_from` on)."""
+        24 h and MAX_STAYS at most (what falls off moves `known_from` on). Stays end in time order."""
         if since is None:
             return
-        self.stays.append([uid, since, t])
-        if len(self.stays) <= MAX_STAYS and self.stays[0][2] >= t - LATE_HORIZON_MS:
-            return
-        keep = [s for s in self.stays if s[2] >= t - LATE_HORIZON_MS]
-        if len(keep) > MAX_STAYS:
-            keep = keep[-MAX_STAYS:]
-        for gone in self.stays:
-            if gone not in keep and self.known_from is not None:
+        stays = self.stays
+        stays.append([uid, since, t])
+        while len(stays) > MAX_STAYS or stays[0][2] < t - LATE_HORIZON_MS:
+            gone = stays.pop(0)
+            if self.known_from is not None:
                 self.known_from = max(self.known_from, gone[2])
-        self.stays = keep
 
     def inside_fences(self) -> list[str]:
         return sorted(u for u, s in self.fences.items() if s.inside)
@@ -255,7 +251,8 @@ def step_report(state: DeviceState, device_id: str, t: int, lat: float, lon: flo
         since = fence_state.since
         kind = _step(fence_state, uid in inside_now, t, rule)
         if kind:
-            events.append(make_event(uid, device_id, kind, t, lat, lon))
+            farm_id, _, fence_id = uid.partition("/")     # make_event, inlined: the hot path's events
+            events.append(Event(event_id(uid, device_id, kind, t), kind, farm_id, device_id, fence_id, t, lat, lon))
             if kind == "exit":
                 state.close_stay(uid, since, t)
         if watched and rule.warn_m and fence_state.inside and uid in inside_now:
