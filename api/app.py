@@ -14,7 +14,7 @@ from fastapi.staticfiles import StaticFiles
 import asyncio
 import logging
 
-from api import errors, invalidation, metrics, routes_fences, routes_query, routes_reports, webhooks
+from api import errors, invalidation, metrics, routes_fences, routes_query, routes_reports, routes_stats, webhooks
 from api.event_hub import EventHub
 from api.fastpath import HotQueries
 from api.limits import BodySizeLimit
@@ -117,10 +117,13 @@ def index() -> FileResponse:
 app.include_router(routes_fences.router)
 app.include_router(routes_reports.router)
 app.include_router(routes_query.router)
+app.include_router(routes_stats.router)
 app.include_router(webhooks.router)
 app.mount("/ui", StaticFiles(directory=UI_DIR), name="ui")
 if (NODE_MODULES / "leaflet").exists():
     app.mount("/vendor/leaflet", StaticFiles(directory=NODE_MODULES / "leaflet" / "dist"), name="leaflet")
+if (NODE_MODULES / "axe-core").exists():   # the accessibility check of the browser test (dev only)
+    app.mount("/vendor/axe", StaticFiles(directory=NODE_MODULES / "axe-core"), name="axe")
 if (NODE_MODULES / "@geoman-io").exists():
     app.mount("/vendor/geoman", StaticFiles(directory=NODE_MODULES / "@geoman-io" / "leaflet-geoman-free" / "dist"),
               name="geoman")

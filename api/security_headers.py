@@ -1,6 +1,6 @@
 """Security headers: every answer says `nosniff` and sends no referrer; the web UI's pages also get a
-Content-Security-Policy that allows only what the page loads — its own scripts and styles (Leaflet
-sets inline styles on map elements), map tiles from any tile server the farmer configures, and
+Content-Security-Policy that allows only what the page loads — its own scripts (Leaflet, Geoman and the
+ES modules under /ui/js/; no inline script) and styles (Leaflet sets inline styles on map elements), map tiles from any tile server the farmer configures, and
 requests to this API — and may not be framed."""
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy import procs
-from fencing.config import (REPORT_PARTITIONS, TOPIC_DLQ, TOPIC_EVENTS, TOPIC_REPORTS, Settings)
+from fencing.config import (REPORT_PARTITIONS, TOPIC_DLQ, TOPIC_EVENTS, TOPIC_REPORTS, TUNING, Settings)
 
 NAME = "broker"
 STORE = "broker_store"
@@ -69,7 +69,9 @@ def store_spec(settings: Settings) -> procs.ProcSpec:
     port = store_port(settings)
     return procs.ProcSpec(
         name=STORE, argv=[sys.executable, "-m", "deploy.objectstore", "--root", str(data_dir(settings)),
-                          "--port", str(port)],
+                          "--port", str(port),
+                          # consumed gps.reports objects go after a while (deploy/broker_retention.py)
+                          "--checkpoint", str(settings.checkpoint_dir), "--keep-seconds", str(TUNING.broker_keep_s)],
         markers=["deploy.objectstore", f"--port {port}"], port=port,
         port_env="HERDFENCE_EMBEDDED_KAFKA_PORT", cwd=str(Path(__file__).resolve().parents[1]))
 

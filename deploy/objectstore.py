@@ -24,7 +24,10 @@ rename that follows it are atomic without locks. Loopback only, no authenticatio
 from __future__ import annotations
 
 import argparse
+import asyncio
+import bisect
 import email.utils
+import logging
 import os
 import uuid
 from dataclasses import dataclass
@@ -64,6 +67,13 @@ class DiskStore:
         (self.root / TMP_DIR).mkdir(parents=True, exist_ok=True)
         for stale in (self.root / TMP_DIR).iterdir():     # a write cut off by a crash
             stale.unlink(missing_ok=True)
+        # Tansu lists a partition's whole records/ folder on every fetch: walking and stat-ing the
+        # folder per listing made a fetch O(objects) on disk (~100 ms at 800 objects, longer than a
+        # reader's fetch wait). An in-memory index per bucket (sorted keys + metadata), read from disk
+        # once and kept by put/delete (the only writers: one event-loop thread), makes a listing a
+        # bisect plus the entries it returns.
+        self._keys: dict[str, list[str]] = {}
+        self._metas: dict[str, dict[str, ObjectMeta]] = {}
 
     def _path(self, bucket: str, key: str) -> Path:
         parts = [bucket, *key.split("/")]
@@ -102,7 +112,9 @@ class DiskStore:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-        return self.meta(bucket, key)  # type: ignore[return-value]
+        meta = self.meta(bucket, key)
+        self._indexed(bucket, key, meta)
+        return meta  # type: ignore[return-value]
 
     def read(self, bucket: str, key: str) -> tuple[ObjectMeta, bytes]:
         path = self._path(bucket, key)
@@ -120,6 +132,7 @@ class DiskStore:
             path.unlink()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return
+        self._indexed(bucket, key, None)
         bucket_dir = self.root / bucket
         parent = path.parent
         while parent != bucket_dir:       # drop empty folders so listings stay cheap
@@ -129,26 +142,47 @@ class DiskStore:
                 break
             parent = parent.parent
 
-    def list(self, bucket: str, prefix: str) -> list[ObjectMeta]:
-        """Every object whose key starts with `prefix`, sorted by key."""
-        base = self.root / bucket
-        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
-        start = base / folder if folder else base
-        if not start.is_dir():
-            return []
+    def list(self, bucket: str, prefix: str, after: str = "", limit: int | None = None) -> list[ObjectMeta]:
+        """The objects whose key starts with `prefix` and sorts after `after`, sorted by key (at most
+        `limit` of them)."""
+        keys, metas = self._index(bucket)
         out = []
-        for dirpath, _, files in os.walk(start):
-            rel_dir = os.path.relpath(dirpath, base)
-            for name in files:
-                key = name if rel_dir == "." else f"{rel_dir}/{name}"
-                if key.startswith(prefix):
-                    st = os.stat(os.path.join(dirpath, name))
-                    out.append(ObjectMeta(key, st.st_size, _etag(st), st.st_mtime))
-        out.sort(key=lambda m: m.key)
+        for i in range(bisect.bisect_right(keys, max(prefix, after)) if after >= prefix else
+                       bisect.bisect_left(keys, prefix), len(keys)):
+            key = keys[i]
+            if not key.startswith(prefix) or (limit is not None and len(out) >= limit):
+                break
+            out.append(metas[key])
         return out
 
+    def _index(self, bucket: str) -> tuple[list[str], dict[str, ObjectMeta]]:
+        if bucket not in self._keys:
+            metas: dict[str, ObjectMeta] = {}
+            base = self.root / bucket
+            if bucket != TMP_DIR and base.is_dir():
+                for dirpath, _, files in os.walk(base):
+                    rel_dir = os.path.relpath(dirpath, base)
+                    for name in files:
+                        key = name if rel_dir == "." else f"{rel_dir}/{name}"
+                        st = os.stat(os.path.join(dirpath, name))
+                        metas[key] = ObjectMeta(key, st.st_size, _etag(st), st.st_mtime)
+            self._keys[bucket], self._metas[bucket] = sorted(metas), metas
+        return self._keys[bucket], self._metas[bucket]
 
-# --- HTTP (raw ASGI) -------------------------------------------------------------------------------
+    def _indexed(self, bucket: str, key: str, meta: ObjectMeta | None) -> None:
+        """Keep the index in step with a write (meta) or a delete (None)."""
+        if bucket not in self._keys:
+            return                        # not read yet: the first listing reads the disk
+        keys, metas = self._keys[bucket], self._metas[bucket]
+        if meta is None:
+            if metas.pop(key, None) is not None:
+                del keys[bisect.bisect_left(keys, key)]
+            return
+        if key not in metas:
+            bisect.insort(keys, key)
+        metas[key] = meta
+
+
 def _http_date(ts: float) -> str:
     return email.utils.formatdate(ts, usegmt=True)
 
@@ -163,10 +197,28 @@ def _error_xml(err: S3Error, resource: str) -> bytes:
             f"<Message>{escape(err.message)}</Message><Resource>{escape(resource)}</Resource></Error>").encode()
 
 
+# Each object's <Contents> entry, rendered once per version (a listing repeats them on every fetch)
+_CONTENTS: dict[ObjectMeta, str] = {}
+_CONTENTS_MAX = 500_000
+
+
+def _contents(m: ObjectMeta) -> str:
+    if len(_CONTENTS) >= _CONTENTS_MAX:
+        _CONTENTS.clear()
+    _CONTENTS[m] = out = (f"<Contents><Key>{escape(m.key)}</Key><LastModified>{_iso(m.mtime)}</LastModified>"
+                          f"<ETag>{escape(m.etag)}</ETag><Size>{m.size}</Size>"
+                          "<StorageClass>STANDARD</StorageClass></Contents>")
+    return out
+
+
+def _max_keys(q: dict[str, str]) -> int:
+    return max(1, min(MAX_KEYS, int(q.get("max-keys") or MAX_KEYS)))
+
+
 def _list_xml(bucket: str, q: dict[str, str], objects: list[ObjectMeta]) -> bytes:
     prefix, delimiter = q.get("prefix", ""), q.get("delimiter", "")
     after = q.get("continuation-token") or q.get("start-after") or ""
-    max_keys = max(1, min(MAX_KEYS, int(q.get("max-keys") or MAX_KEYS)))
+    max_keys = _max_keys(q)
     contents: list[ObjectMeta] = []
     prefixes: list[str] = []
     truncated, last = False, ""
@@ -200,10 +252,7 @@ def _list_xml(bucket: str, q: dict[str, str], objects: list[ObjectMeta]) -> byte
         parts.append(f"<Delimiter>{escape(delimiter)}</Delimiter>")
     if truncated:
         parts.append(f"<NextContinuationToken>{escape(last)}</NextContinuationToken>")
-    for m in contents:
-        parts.append(f"<Contents><Key>{escape(m.key)}</Key><LastModified>{_iso(m.mtime)}</LastModified>"
-                     f"<ETag>{escape(m.etag)}</ETag><Size>{m.size}</Size>"
-                     "<StorageClass>STANDARD</StorageClass></Contents>")
+    parts += [_CONTENTS.get(m) or _contents(m) for m in contents]
     for p in prefixes:
         parts.append(f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>")
     parts.append("</ListBucketResult>")
@@ -258,7 +307,11 @@ class S3App:
         q = {k: v[0] for k, v in parse_qs(query, keep_blank_values=True).items()}
         if not key:
             if method == "GET":       # ListObjectsV2 (the only bucket-level call Tansu makes)
-                listing = self.store.list(bucket, q.get("prefix", ""))
+                after = q.get("continuation-token") or q.get("start-after") or ""
+                # one more than a page: the listing tells whether it is truncated (with a delimiter,
+                # folded entries may need more; then the whole rest is read)
+                limit = None if q.get("delimiter") else _max_keys(q) + 1
+                listing = self.store.list(bucket, q.get("prefix", ""), after, limit)
                 return 200, {"content-type": "application/xml"}, _list_xml(bucket, q, listing)
             if method in ("PUT", "HEAD"):     # create / probe a bucket: folders need no creation
                 return 200, {}, b""
@@ -298,11 +351,25 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m deploy.objectstore", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", required=True, type=Path)
     p.add_argument("--port", required=True, type=int)
+    p.add_argument("--checkpoint", type=Path, help="the job's checkpoint: consumed gps.reports objects are "
+                                                   "deleted after --keep-seconds (deploy/broker_retention.py)")
+    p.add_argument("--keep-seconds", type=float, default=600.0)
     args = p.parse_args(argv)
     from fencing.config import TUNING
-    app = S3App(DiskStore(args.root, fsync=TUNING.objectstore_fsync))
-    uvicorn.run(app, host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
-                http="httptools", loop="uvloop", lifespan="off")
+    store = DiskStore(args.root, fsync=TUNING.objectstore_fsync)
+    config = uvicorn.Config(S3App(store), host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
+                            http="httptools", loop="uvloop", lifespan="off")
+    server = uvicorn.Server(config)
+
+    async def serve() -> None:
+        if args.checkpoint:
+            from deploy.broker_retention import Retention
+            # on the server's own loop: a sweep's deletes never interleave with a request
+            asyncio.get_running_loop().create_task(Retention(store, args.checkpoint, args.keep_seconds).run())
+        await server.serve()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import uvloop
+    uvloop.run(serve())
 
 
 if __name__ == "__main__":

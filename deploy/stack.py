@@ -23,8 +23,10 @@ from fencing.elastic import scale
 from deploy.procs import DeployError
 from fencing.config import TOPIC_REPORTS, TUNING, Settings
 from deploy.supervisor import NAME as SUPERVISOR, Supervisor
+from fencing.model import keys
 
-JOB, API = "job", "api"
+JOB, JOB_STANDBY, API = "job", "job_standby", "api"
+JOBS = (JOB, JOB_STANDBY)     # two job processes: the lease decides which is active (fencing.model.lease)
 PING_KEY = b"__herdfence_ping__"
 PING_EVERY_S = 20.0
 READY_TIMEOUT_S = 180.0
@@ -52,7 +54,7 @@ def settings_env(settings: Settings) -> dict[str, str]:
 
 
 def job_spec(settings: Settings, spark_master: str | None, pyfiles: list[str] | None = None,
-             executors: int = 0) -> procs.ProcSpec:
+             executors: int = 0, name: str = JOB) -> procs.ProcSpec:
     env = {**settings_env(settings), "PYSPARK_PYTHON": sys.executable}
     if spark_master:
         env["HERDFENCE_SPARK_MASTER"] = spark_master
@@ -69,8 +71,8 @@ def job_spec(settings: Settings, spark_master: str | None, pyfiles: list[str] | 
                 "HERDFENCE_TRIGGER", "HERDFENCE_MAX_OFFSETS_PER_TRIGGER", "HERDFENCE_ELASTIC"):
         if os.environ.get(var):
             env[var] = os.environ[var]
-    return procs.ProcSpec(name=JOB, argv=[sys.executable, "-m", "fencing.stream.job"],
-                          markers=["-m fencing.stream.job"], env=env, cwd=os.getcwd())
+    return procs.ProcSpec(name=name, argv=[sys.executable, "-m", "fencing.stream.job", "--process", name],
+                          markers=["-m fencing.stream.job", f"--process {name}"], env=env, cwd=os.getcwd())
 
 
 def api_spec(settings: Settings) -> procs.ProcSpec:
@@ -100,7 +102,7 @@ def api_healthy(settings: Settings, timeout: float = 2.0) -> bool:
 
 @dataclass
 class _Pinger:
-    """Sends control pings through gps.reports; the job answers each by setting job:ping:<id>."""
+    """Sends control pings through gps.reports; the job answers each by setting {job}:ping:<id>."""
     settings: Settings
 
     def __post_init__(self) -> None:
@@ -118,7 +120,7 @@ class _Pinger:
 
     def answered(self) -> bool:
         try:
-            return any(self.redis.exists(f"job:ping:{i}") for i in self.ids)
+            return any(self.redis.exists(keys.JOB_PING.format(i)) for i in self.ids)
         except Exception:  # noqa: BLE001 - a Redis hiccup: keep polling
             return False
 
@@ -198,12 +200,16 @@ def start_components(settings: Settings, spark_workers: int = 0, redis_replicas:
     if fresh_broker:
         # The embedded broker keeps its log in memory: a restarted broker starts at offset 0, so a
         # running job and an old checkpoint both point at offsets that no longer exist.
-        procs.stop(settings, JOB)
+        procs.stop_many(settings, list(JOBS))
         if settings.checkpoint_dir.exists():
             _say(f"fresh embedded broker: clearing the old job checkpoint {settings.checkpoint_dir}")
             shutil.rmtree(settings.checkpoint_dir, ignore_errors=True)
     job_was_alive = procs.alive_record(settings, JOB) is not None
     _start_unless_alive(settings, job_spec(settings, master, pyfiles, spark_workers))
+    if TUNING.job_standby:      # the hot standby: warm, takes the lease when the active job loses it
+        _start_unless_alive(settings, job_spec(settings, master, pyfiles, spark_workers, JOB_STANDBY))
+    else:
+        procs.stop(settings, JOB_STANDBY)
     added = spark_workers - len(workers_before)
     if master and job_was_alive and workers_before and added > 0:
         # The running job asks for executors on the new workers (fencing/elastic/scale.py RequestWatcher).
@@ -256,7 +262,7 @@ def down(settings: Settings) -> list[str]:
     The supervisor goes first (else it would restart what we stop), then job + API, Spark, Redis,
     broker; the members of each step stop in parallel.
     """
-    steps = [[SUPERVISOR], [JOB, API], [*spark_cluster.started_workers(settings)], [spark_cluster.MASTER],
+    steps = [[SUPERVISOR], [*JOBS, API], [*spark_cluster.started_workers(settings)], [spark_cluster.MASTER],
              [n.name for n in redis_cluster.recorded_nodes(settings)], [broker.NAME], [broker.STORE]]
     return [name for step in steps for name in procs.stop_many(settings, step)]
 
@@ -274,11 +280,35 @@ def _proc_status(settings: Settings, name: str) -> dict:
     return out
 
 
+def _job_status(settings: Settings) -> dict[str, dict]:
+    """`job`: the job process holding the lease (the active one), `job_standby`: the other one, each
+    with the process record it runs under ("process"). Before any lease (starting), by record."""
+    found = {name: _proc_status(settings, name) for name in JOBS if procs.read_record(settings, name)}
+    found.setdefault(JOB, _proc_status(settings, JOB))
+    holder = ready = None
+    try:
+        from fencing.model.lease import lease_holder, standby_holder
+        redis = redis_cluster.connect(settings)
+        holder, ready = lease_holder(redis), standby_holder(redis)
+    except Exception:  # noqa: BLE001 - Redis away: report by record
+        pass
+    active = next((n for n, s in found.items() if holder and s["pid"] and holder.endswith(f":{s['pid']}")), None)
+    order = [active] + [n for n in JOBS if n != active and n in found] if active else \
+        [n for n in JOBS if n in found]
+    out = {}
+    for role, name in zip(JOBS, order):
+        out[role] = {**found[name], "process": name,
+                     "role": "active" if name == active else "standby" if active else "starting"}
+        if out[role]["role"] == "standby":          # warm and waiting (fencing.stream.job)
+            out[role]["ready"] = bool(ready and found[name]["pid"] and ready.endswith(f":{found[name]['pid']}"))
+    return out
+
+
 def status(settings: Settings) -> dict:
     """{"ok": bool, "components": {name: {"pid", "port"?, "ok", ...}}}."""
     comps: dict[str, dict] = {"broker": broker.status(settings), "redis": redis_cluster.status(settings)}
     comps.update(spark_cluster.status(settings))
-    comps[JOB] = _proc_status(settings, JOB)
+    comps.update(_job_status(settings))
     if settings.spark_master:
         comps[JOB]["spark_master"] = settings.spark_master
     api = _proc_status(settings, API)

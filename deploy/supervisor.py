@@ -19,7 +19,7 @@ from deploy import broker, procs
 from fencing.config import Settings, load_settings
 
 NAME = "supervisor"
-LAST = ("job", "api")
+LAST = ("job", "job_standby", "api")
 
 
 def supervised(settings: Settings) -> tuple[str, ...]:

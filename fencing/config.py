@@ -76,6 +76,9 @@ class Tuning:
     rate_farm: float = 50_000.0                  # HERDFENCE_RATE_FARM
     api_workers: int = 2                         # HERDFENCE_API_WORKERS
     objectstore_fsync: bool = False              # HERDFENCE_OBJECTSTORE_FSYNC
+    broker_keep_s: float = 600.0                 # HERDFENCE_BROKER_KEEP_SECONDS: consumed gps.reports kept this long
+    job_standby: bool = True                     # HERDFENCE_JOB_STANDBY: a hot standby job beside the active one
+    lease_ms: int = 1000                         # HERDFENCE_JOB_LEASE_MS: the active job's lease
 
 
 def load_tuning(env: dict[str, str] | None = None) -> Tuning:
@@ -102,6 +105,9 @@ def load_tuning(env: dict[str, str] | None = None) -> Tuning:
         rate_farm=number(env, "HERDFENCE_RATE_FARM", d.rate_farm, 0.001),
         api_workers=number(env, "HERDFENCE_API_WORKERS", d.api_workers, 1, int),
         objectstore_fsync=flag(env, "HERDFENCE_OBJECTSTORE_FSYNC", d.objectstore_fsync),
+        broker_keep_s=number(env, "HERDFENCE_BROKER_KEEP_SECONDS", d.broker_keep_s, 0.0),
+        job_standby=flag(env, "HERDFENCE_JOB_STANDBY", d.job_standby),
+        lease_ms=number(env, "HERDFENCE_JOB_LEASE_MS", d.lease_ms, 300, int),
     )
 
 

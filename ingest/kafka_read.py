@@ -14,7 +14,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, DataLossError, KafkaRange
+from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, FETCH_WAIT_MS, DataLossError, KafkaRange
 
 log = logging.getLogger("herdfence.ingest")
 STALL_TIMEOUT_S = 120.0  # no progress for this long inside a range that should exist → error
@@ -76,7 +76,7 @@ def _consumer(bootstrap: str):  # noqa: ANN202 - confluent_kafka.Consumer
         "bootstrap.servers": bootstrap, "group.id": "herdfence-reader",
         "enable.auto.commit": False, "enable.partition.eof": True,
         # "error": an out-of-range start surfaces as an event instead of a silent reset.
-        "auto.offset.reset": "error", "fetch.wait.max.ms": 5,
+        "auto.offset.reset": "error", "fetch.wait.max.ms": FETCH_WAIT_MS,
         "fetch.max.bytes": 104_857_600, "max.partition.fetch.bytes": 104_857_600,
         "receive.message.max.bytes": 209_715_200, "log_level": 3,
         "fetch.error.backoff.ms": 10, "fetch.queue.backoff.ms": 1,
@@ -183,7 +183,7 @@ def _read_kafka_python(r: KafkaRange) -> Iterator[pa.RecordBatch]:
     from kafka import KafkaConsumer, TopicPartition
     from kafka.errors import OffsetOutOfRangeError
     c = KafkaConsumer(bootstrap_servers=r.bootstrap, enable_auto_commit=False,
-                      auto_offset_reset="none", fetch_max_wait_ms=5,
+                      auto_offset_reset="none", fetch_max_wait_ms=FETCH_WAIT_MS,
                       fetch_max_bytes=104_857_600, max_partition_fetch_bytes=104_857_600)
     tp = TopicPartition(r.topic, r.partition)
     try:

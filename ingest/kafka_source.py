@@ -27,7 +27,7 @@ from pyspark.sql.types import StructType
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from ingest.kafka_read import read_range
-from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, SCHEMA, DataLossError, KafkaRange  # noqa: F401
+from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, FETCH_WAIT_MS, SCHEMA, DataLossError, KafkaRange  # noqa: F401
 
 log = logging.getLogger("herdfence.ingest")
 
@@ -115,7 +115,9 @@ class LogEndProbe:
         self.consumer = Consumer({
             "bootstrap.servers": opts.bootstrap, "group.id": "herdfence-probe",
             "enable.auto.commit": False, "enable.partition.eof": True,
-            "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10,
+            # Tansu answers an empty fetch when its storage is slower than the wait: at 10 ms its disk
+            # engine (a listing of the partition's objects per fetch) never answered a probe
+            "auto.offset.reset": "earliest", "fetch.wait.max.ms": FETCH_WAIT_MS,
             "max.partition.fetch.bytes": 1024, "fetch.max.bytes": 1_048_576,
             "message.max.bytes": 1000, "queued.min.messages": 1, "log_level": 3,
             # librdkafka's defaults back off 500-1000 ms around each re-assign: measured 1 s per

@@ -37,3 +37,10 @@ class KafkaRange(InputPartition):
     fail_on_data_loss: bool
     client: str
     new_partition: bool = False  # discovered at runtime: out-of-range here is not data loss
+
+
+# fetch.wait.max.ms of the readers and the log-end probe. Tansu answers a fetch with nothing when its
+# storage takes longer than this wait, and on its disk engine a fetch lists the partition's objects
+# first: at 5-10 ms a restarted reader, and the probe, got no answer at all. A reader reads below the
+# log end, so its fetches find data at once and this wait is paid only by the probe at the log end.
+FETCH_WAIT_MS = 100

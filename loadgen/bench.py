@@ -344,6 +344,15 @@ def main(argv: list[str]) -> int:
     sub.add_parser("ingest", help="Kafka source read benchmark (loadgen/bench_ingest.py)", add_help=False)
     sub.add_parser("fences", help="fence scaling: 10k vs 1M fences, per-point cost (loadgen/bench_fences.py)",
                    add_help=False)
+    fo = sub.add_parser("failover", help="the push path's outage when the active job is killed or frozen "
+                                         "(hot standby, loadgen/bench_failover.py)")
+    fo.add_argument("--rate", type=float, default=2000.0, help="reports/s offered to Kafka")
+    fo.add_argument("--devices", type=int, default=2000)
+    fo.add_argument("--fences", type=int, default=1000)
+    fo.add_argument("--steady-seconds", type=float, default=15.0)
+    fo.add_argument("--json", metavar="FILE")
+    fo.add_argument("--seed", type=int, default=0)
+    fo.add_argument("--no-plot", action="store_true")
     rp = sub.add_parser("report", help="write docs/benchmarks.md from the JSON results under docs/")
     rp.add_argument("--docs", default=str(DOCS))
     if argv and argv[0] == "fences":
@@ -365,6 +374,10 @@ def main(argv: list[str]) -> int:
         out = push(args.fences, args.points, args.devices, args.json, seed=args.seed,
                    fences_per_farm=args.fences_per_farm, plot=not args.no_plot, command=cmd,
                    keep_stack=args.keep_stack, rate=args.rate, tracks=args.tracks)
+    elif args.what == "failover":
+        from loadgen.bench_failover import failover
+        out = failover(args.rate, args.devices, args.fences, args.json, steady_s=args.steady_seconds,
+                       seed=args.seed, plot=not args.no_plot, command=cmd)
     elif args.what == "pull":
         out = pull(args.fences, args.devices, args.seconds, args.json, seed=args.seed,
                    connections=args.connections, client=args.client, fences_per_farm=args.fences_per_farm,

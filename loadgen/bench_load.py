@@ -89,7 +89,7 @@ def load_simulation(redis, sim: Simulation, progress: bool = True) -> Loaded:
 
 
 class HeartbeatSampler(threading.Thread):
-    """Polls `job:heartbeat`; keeps one sample per distinct batch (time, points_total, stats)."""
+    """Polls the job's heartbeat; keeps one sample per distinct batch (time, points_total, stats)."""
 
     def __init__(self, redis, interval: float = 0.1):
         super().__init__(daemon=True)

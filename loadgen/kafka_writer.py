@@ -40,10 +40,12 @@ def producer_config(bootstrap: str, **overrides) -> dict:
 
 
 def write_reports(bootstrap: str, df: pd.DataFrame, rate: float | None = None, topic: str = TOPIC,
-                  progress: bool = True, flush_timeout_s: float = 120.0, **config) -> WriteStats:
+                  progress: bool = True, flush_timeout_s: float = 120.0, start_at: float | None = None,
+                  **config) -> WriteStats:
     """Produce every row of ``df`` (in row order) keyed by device id; block until all are delivered.
 
-    ``rate`` = rows/s target (None: as fast as possible). ``config`` overrides producer settings
+    ``rate`` = rows/s target (None: as fast as possible), paced in slices of 1/20 s. ``start_at``: the
+    wall time to send the first row at (after the messages are built). ``config`` overrides producer settings
     (dots as underscores are not translated: pass e.g. ``**{"linger.ms": 5}``)."""
     stats = WriteStats(rows=len(df), sent_at_ms=np.zeros(len(df), dtype=np.int64))
 
@@ -62,17 +64,20 @@ def write_reports(bootstrap: str, df: pd.DataFrame, rate: float | None = None, t
     # the generator shares this machine with the job it measures
     values = [orjson.dumps(rec) for rec in report_dicts(df)]
     keys = [d.encode() for d in df["device_id"].astype(str).tolist()]
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
     pacer = Pacer(rate)             # after the build: its clock starts now, no burst of "late" rows
+    chunk = CHUNK if rate is None else max(1, min(CHUNK, int(rate / 20)))
     produce, poll = producer.produce, producer.poll
     t0 = time.perf_counter()
     with tqdm(total=len(df), unit="rep", disable=not progress, desc=f"kafka {topic}") as bar:
         for i, (value, key) in enumerate(zip(values, keys)):
-            if i % CHUNK == 0:
+            if i % chunk == 0:
                 if i:
-                    bar.update(CHUNK)
+                    bar.update(chunk)
                 poll(0)
-                pacer.admit(min(CHUNK, len(df) - i))
-                stats.sent_at_ms[i:i + CHUNK] = time.time_ns() // 1_000_000
+                pacer.admit(min(chunk, len(df) - i))
+                stats.sent_at_ms[i:i + chunk] = time.time_ns() // 1_000_000
             while True:
                 try:
                     produce(topic, value, key, on_delivery=failed)

@@ -77,3 +77,29 @@ def _finish(plt, fig, cdf_ax, xlabel: str, ylabel: str, cdf_title: str, title: s
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def failover_plot(path: str | Path, samples: list[tuple[float, float]], marks: list[tuple[float, str]],
+                  result: dict) -> None:
+    """Freshness lag over the run, with the faults marked (kill -9, SIGSTOP past the lease)."""
+    plt = _plt()
+    if not samples:
+        return
+    t0 = samples[0][0]
+    t = np.array([s[0] for s in samples]) - t0
+    lag = np.array([s[1] for s in samples])
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.plot(t, lag, lw=1, label="freshness lag (now − newest processed report)")
+    for at, mode in marks:
+        outage = result.get(mode, {}).get("outage_ms")
+        ax.axvline(at - t0, color="red", ls="--", lw=1)
+        ax.text(at - t0, ax.get_ylim()[1] * 0.9, f" {'kill -9' if mode == 'kill' else 'SIGSTOP'}"
+                f"{f': back in {outage / 1000:.1f} s' if outage is not None else ''}", color="red")
+    ax.set_xlabel("seconds")
+    ax.set_ylabel("lag (s)")
+    ax.set_title(f"herdfence failover: {result['rate']:.0f} reports/s, {result['devices']:,} devices, "
+                 f"lease {result['lease_ms']} ms — lost {result.get('lost')}, duplicated {result.get('duplicated')}")
+    ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -65,6 +65,8 @@ def stack(tmp_path_factory) -> Stack:
     env.update(TEST_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_TRIGGER="200 milliseconds",
                HERDFENCE_RATE_DEVICE="10", HERDFENCE_KEEP_WARM_SECONDS="4",
                HERDFENCE_STREAMS_PER_FARM="40",
+               # one job process: the hot standby has its own stack (tests/stack/test_failover.py)
+               HERDFENCE_JOB_STANDBY="0",
                # the suite's webhook receivers listen on 127.0.0.1
                HERDFENCE_WEBHOOK_ALLOW_PRIVATE="1")
     s = Stack(env=env, api_url=f"http://127.0.0.1:{TEST_PORTS['HERDFENCE_API_PORT']}")

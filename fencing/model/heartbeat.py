@@ -1,6 +1,6 @@
 """The job's stage contracts: what one process task reports about its share of a micro-batch
 (`PartitionStats`), what a reader task reports (`ReaderTiming`) and the heartbeat the driver writes
-after every batch (`Heartbeat`, key `job:heartbeat`, the last 5,000 in `job:heartbeat:log`).
+after every batch (`Heartbeat`, key `{job}:heartbeat`, the last 5,000 in `{job}:heartbeat:log`).
 
 Writers: fencing.stream (process tasks, the elastic wrapper, the driver). Readers: the elastic
 controller, /metrics, `status`, the benchmarks and the chaos tests. They all go through these
@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from fencing.model import keys
+from fencing.model.node_pipe import NodePipeline
 
 HEARTBEAT_LOG_MAX = 5_000
 
@@ -91,6 +92,9 @@ class Heartbeat:
     spark_s: float = 0.0                  # the batch's Spark part (readers, shuffle, process tasks)
     sinks_s: float = 0.0                  # the driver's sinks after it
     readers: list[ReaderTiming] = field(default_factory=list)
+    epoch: int = 0                        # the lease epoch the batch was written under
+    holder: str = ""                      # the job process that wrote it (host:pid)
+    active_since: float = 0.0             # when that process took the lease (epoch seconds)
 
     @property
     def handled_total(self) -> int:
@@ -112,12 +116,14 @@ class Heartbeat:
         data.setdefault("time", 0.0)
         return cls(**_known(cls, data))
 
-    def write(self, redis) -> None:
+    def write(self, redis, epoch: int = 0) -> None:
+        """Write it, fenced by the lease's epoch when > 0 (fencing.model.lease)."""
         raw = self.to_json()
-        pipe = redis.pipeline()
-        pipe.set(keys.JOB_HEARTBEAT, raw)
-        pipe.lpush(keys.JOB_HEARTBEAT_LOG, raw)        # recent beats (the elastic scenario reads them)
-        pipe.ltrim(keys.JOB_HEARTBEAT_LOG, 0, HEARTBEAT_LOG_MAX - 1)
+        pipe = NodePipeline(redis, epoch)
+        pipe.command(keys.JOB_HEARTBEAT, "SET", keys.JOB_HEARTBEAT, raw)
+        # recent beats (the elastic scenario reads them)
+        pipe.command(keys.JOB_HEARTBEAT_LOG, "LPUSH", keys.JOB_HEARTBEAT_LOG, raw)
+        pipe.command(keys.JOB_HEARTBEAT_LOG, "LTRIM", keys.JOB_HEARTBEAT_LOG, 0, HEARTBEAT_LOG_MAX - 1)
         pipe.execute()
 
 

@@ -44,11 +44,13 @@ FARMS = "farms"                      # set of farm ids
 FENCE_GROUPS = "fencegroups"         # set of cell groups that hold (or held) fences: workers preload them
 DEVICE_REGISTRY = "devreg"          # hash device_id -> farm_id ("," joined when several farms use it)
 ROUTING = "routing"                  # string JSON routing table {"version", "routes": {group: partition}}
-JOB_HEARTBEAT = "job:heartbeat"      # hash: last batch id, time, batch stats (JSON)
-JOB_HEARTBEAT_LOG = "job:heartbeat:log"   # list: the last heartbeats, newest first
+# the job's own keys share the lease's slot ({job}): fenced against the lease's epoch itself
+JOB_HEARTBEAT = "{job}:heartbeat"    # string JSON: the last batch (fencing.model.heartbeat)
+JOB_HEARTBEAT_LOG = "{job}:heartbeat:log"   # list: the last heartbeats, newest first
+JOB_PING = "{{job}}:ping:{}"          # set when the job has read a control ping from gps.reports
 APIKEY = "apikey:{}"                 # apikey:<sha256 hex> -> farm_id
 DEVTOKEN = "devtoken:{}"             # devtoken:<sha256 hex> -> "farm_id\tdevice_id"
-SINK_DONE = "sinkdone:{}"            # sinkdone:<batch_id> -> "1" once the batch's driver-side sinks ran
+SINK_DONE = "{{job}}:sinkdone:{}"     # <batch_id> -> "1" once the batch's driver-side sinks ran
 
 
 def apikey(key_hash: str) -> str:

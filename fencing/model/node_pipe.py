@@ -69,9 +69,31 @@ def _exchange(node, commands: list[tuple]) -> list:  # noqa: ANN001 - redis-py C
         pool.release(conn)
 
 
+# commands that change data: under an epoch they run through the fenced script (fencing.model.lease)
+_WRITES = frozenset(("HSET", "HDEL", "SADD", "SREM", "ZADD", "ZREM", "SET", "DEL", "LPUSH", "LTRIM", "XADD",
+                     "EXPIRE", "PEXPIRE", "INCR", "INCRBY", "HINCRBY"))
+_FENCED_SCRIPTS: dict[int, object] = {}
+_MARKS: dict[str, str] = {}         # key → the epoch mark of its slot (keys repeat batch after batch)
+
+
+def fenced_script(redis):  # noqa: ANN001, ANN201 - RedisCluster, redis Script
+    """The fenced-command script of this client, loaded on every master once per process."""
+    script = _FENCED_SCRIPTS.get(id(redis))
+    if script is None:
+        from fencing.model.lease import FENCED_COMMAND
+        script = redis.register_script(FENCED_COMMAND)
+        redis.script_load(FENCED_COMMAND)
+        _FENCED_SCRIPTS[id(redis)] = script
+    return script
+
+
 class NodePipeline:
-    def __init__(self, redis) -> None:  # noqa: ANN001 - RedisCluster
+    """`epoch` > 0: every write is checked against the epoch mark of its slot, atomically with the
+    write, and refused (FENCED, raised from `execute`) when a newer active job has written there."""
+
+    def __init__(self, redis, epoch: int = 0) -> None:  # noqa: ANN001 - RedisCluster
         self.redis = redis
+        self.epoch = epoch
         self._calls: list[tuple[str, tuple]] = []    # (routing key, command args)
         self._retry: dict[int, object] = {}          # index → how to run it alone (scripts: reload)
 
@@ -81,9 +103,28 @@ class NodePipeline:
     def command(self, key: str, *args, retry=None) -> int:  # noqa: ANN001 - a callable
         """Queue `args` (command name first) routed by `key`; returns its index in the answers.
         `retry`: what to call instead when it must run again alone (default: the same command)."""
+        if self.epoch and str(args[0]).upper() in _WRITES:
+            return self._fenced(key, args)
         self._calls.append((key, args))
         if retry is not None:
             self._retry[len(self._calls) - 1] = retry
+        return len(self._calls) - 1
+
+    def _fenced(self, key: str, args: tuple) -> int:
+        from fencing.model.lease import LUA_UNPACK_MAX, epoch_key, split_command
+        script = fenced_script(self.redis)
+        target = args[1] if isinstance(args[1], str) else args[1].decode()
+        mark = _MARKS.get(target)
+        if mark is None:
+            if len(_MARKS) > 100_000:
+                _MARKS.clear()
+            mark = _MARKS[target] = epoch_key(target)
+        parts = [args] if len(args) <= LUA_UNPACK_MAX else split_command(args)
+        for part in parts:
+            # EVALSHA sha 2 <mark> <key> <epoch> <command> <its arguments after the key>: one copy
+            self._calls.append((key, ("EVALSHA", script.sha, 2, mark, part[1], self.epoch, part[0], *part[2:])))
+            self._retry[len(self._calls) - 1] = lambda part=part, mark=mark: script(
+                keys=[mark, part[1]], args=[self.epoch, part[0], *part[2:]])
         return len(self._calls) - 1
 
     def script(self, script, keys: list[str], args: list) -> int:  # noqa: ANN001 - redis Script

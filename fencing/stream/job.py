@@ -6,6 +6,10 @@ One streaming query; every micro-batch (foreachBatch, with its batch id) runs:
   → process (one task per routed partition)  → collect
 and the driver writes events / dead letters / pings, then a heartbeat with the batch's load figures
 for the elastic controller.
+
+Hot standby (issue 19): two job processes run; the one holding the lease (fencing.model.lease) runs
+the query, the other has its SparkSession, Python workers and fence caches warm and waits for the
+lease. Every write of the active one is fenced by its lease epoch on the Redis side.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import logging
 import os
 from pathlib import Path
 import signal
+import socket
 import threading
 import time
 
@@ -24,15 +29,16 @@ from fencing.config import TOPIC_REPORTS, Settings, load_settings
 from fencing.elastic import routing
 from fencing.model.fence_store import DELETED_FENCES
 from fencing.model.heartbeat import Heartbeat, PartitionStats, ReaderTiming
+from fencing.model.lease import Lease, mark_standby
 from fencing.stream.prepare import unpack
 from fencing.stream.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
     ProcessContext, process_partition
-from fencing.stream.keep_warm import KeepWarm
+from fencing.stream.keep_warm import ACTIVE_WARM_KEY, STANDBY_WARM_KEY, KeepWarm
 from fencing.model.redis_conn import cluster
 from fencing.stream.retention import RETENTION_DAYS, EventRetention
 from fencing.stream.silent import SEEN_STEP_MS, SilentScanner
 from fencing.stream.sinks import Sinks
-from fencing.stream.spark_session import build_session
+from fencing.stream.spark_session import build_session, is_local, start_scale_watcher
 from fencing.config import TUNING
 
 log = logging.getLogger("herdfence.job")
@@ -55,6 +61,18 @@ class BatchProcessor:
         self.totals = {"events": 0, "dead": 0, "points": 0, "redis_local": 0, "redis_cross": 0, "shed": 0}
         self.elastic = ELASTIC
         self.last_batch_end = time.time()     # the keep-warm thread runs only while the stream is idle
+        self.holder = ""                      # this process's id in the lease
+        self.active_since = 0.0               # when it took the lease (0: a test's processor)
+        self.batches_run = 0
+
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this job writes under (0: unfenced, a test's processor)."""
+        return self.sinks.epoch
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self.sinks.epoch = value
 
     @property
     def run_id(self) -> str:
@@ -66,12 +84,15 @@ class BatchProcessor:
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.time()
+        if self.active_since and not self.batches_run:     # the take-over's timeline (issue 19)
+            log.info("first batch %s starts %.2f s after this job took the lease", batch_id, started - self.active_since)
+        self.batches_run += 1
         table = routing.load(self.redis)
         n = table.partitions
         host, port = self.settings.redis_node
         deleted = frozenset(self.redis.smembers(DELETED_FENCES))
         proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id,
-                              SEEN_STEP_MS)
+                              SEEN_STEP_MS, self.epoch)
         if self.elastic:   # the elastic wrapper: moved-group cache invalidation, child loads, shedding
             from fencing.elastic.controller import elastic_process
             stage = lambda it: elastic_process(proc, unpack(it))   # noqa: E731
@@ -117,8 +138,9 @@ class BatchProcessor:
             # Spark's breakdown of the previous trigger (latestOffset, queryPlanning, addBatch = our
             # foreachBatch, walCommit, commitOffsets): what a batch costs outside the tasks
             previous_trigger_ms=dict(progress[0].get("durationMs") or {}) if progress else {},
-            spark_s=round(spark_s, 3), sinks_s=round(sinks_s, 3), readers=readers)
-        beat.write(self.redis)
+            spark_s=round(spark_s, 3), sinks_s=round(sinks_s, 3), readers=readers,
+            epoch=self.epoch, holder=self.holder, active_since=self.active_since)
+        beat.write(self.redis, self.epoch)
         if self.observer is not None:
             self.observer(beat)
 
@@ -150,21 +172,32 @@ class BatchProcessor:
 
 def start_query(spark: SparkSession, settings: Settings, processor: BatchProcessor,
                 checkpoint: str | None = None, trigger: str = TRIGGER):
+    return query_writer(spark, settings, processor, checkpoint, trigger).start()
+
+
+def _source(spark: SparkSession, settings: Settings, starting: str = "earliest",
+            max_offsets: int = MAX_OFFSETS_PER_TRIGGER) -> DataFrame:
     from fencing.stream.report_source import register
 
     register(spark)
     host, port = settings.redis_node
-    source = (spark.readStream.format("herdreports")
-              .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
-              .option("redis", f"{host}:{port}")
-              .option("subscribe", TOPIC_REPORTS)
-              .option("startingOffsets", "earliest")
-              .option("maxOffsetsPerTrigger", str(MAX_OFFSETS_PER_TRIGGER))
-              .load())
+    return (spark.readStream.format("herdreports")
+            .option("kafka.bootstrap.servers", settings.kafka_bootstrap)
+            .option("redis", f"{host}:{port}")
+            .option("subscribe", TOPIC_REPORTS)
+            .option("startingOffsets", starting)
+            .option("maxOffsetsPerTrigger", str(max_offsets))
+            .load())
+
+
+def query_writer(spark: SparkSession, settings: Settings, processor: BatchProcessor,
+                 checkpoint: str | None = None, trigger: str = TRIGGER):
+    """The streaming query, planned but not started (a standby plans it before it takes over)."""
+    source = _source(spark, settings)
     processor.checkpoint = checkpoint or str(settings.checkpoint_dir)
     return (source.writeStream.foreachBatch(processor)
             .option("checkpointLocation", processor.checkpoint)
-            .trigger(processingTime=trigger).queryName("herdfence").start())
+            .trigger(processingTime=trigger).queryName("herdfence"))
 
 
 def main() -> None:
@@ -173,24 +206,53 @@ def main() -> None:
     logging.getLogger("py4j").setLevel(logging.WARNING)
     settings = load_settings()
     settings.home.mkdir(parents=True, exist_ok=True)
-    spark = build_session(settings.spark_master_url)
+    holder = f"{socket.gethostname()}:{os.getpid()}"
+    lease = Lease(cluster(*settings.redis_node), holder, TUNING.lease_ms, on_lost=_lease_lost)
+    waiting = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: waiting.set())
+    epoch = lease.acquire(wait=False)      # first, so a standby on a cluster can ask for no executors
+    spark = build_session(settings.spark_master_url, standby=not epoch)
     processor = BatchProcessor(spark, settings)
+    processor.holder = holder
+    JvmWatchdog(spark).start()
+    # warm before waiting: Python workers started, fence caches loaded, the query planned. A standby
+    # on a cluster holds no executors (they would be taken from the active job): it warms its driver only.
+    keep_warm = KeepWarm(spark, processor.redis, settings.redis_node, lambda: processor.last_batch_end,
+                         status_key=STANDBY_WARM_KEY if not epoch else ACTIVE_WARM_KEY)
+    warm_executors = bool(epoch) or is_local(settings.spark_master_url)
+    if warm_executors:
+        _try(keep_warm.warm_once, "warming the Python workers")
+        keep_warm.start()
+    writer = query_writer(spark, settings, processor)
+    processor.epoch = epoch
+    if not processor.epoch:         # another job is active: stand by, warm
+        _try(lambda: mark_standby(processor.redis, processor.holder), "marking the standby ready")
+        log.info("herdfence job %s ready; standing by for the lease", processor.holder)
+        processor.epoch = lease.acquire(stop=waiting)
+    if not processor.epoch:        # SIGTERM while standing by
+        logging.shutdown()
+        os._exit(0)
+    if not warm_executors:
+        keep_warm.start()
+        start_scale_watcher(spark)
+    keep_warm.status_key = ACTIVE_WARM_KEY
     if ELASTIC:
         from fencing.elastic.controller import Controller
         processor.observer = Controller(processor.redis)
-    query = start_query(spark, settings, processor)
+    processor.active_since = time.time()
+    query = writer.start()
+    log.info("query started in %.2f s", time.time() - processor.active_since)
     SilentScanner(processor.redis, processor.sinks).start()
     if RETENTION_DAYS > 0:
         EventRetention(processor.redis).start()
-    KeepWarm(spark, processor.redis, settings.redis_node, lambda: processor.last_batch_end).start()
-    log.info("herdfence job started: kafka=%s redis=%s:%s master=%s", settings.kafka_bootstrap,
-             *settings.redis_node, settings.spark_master_url)
+    log.info("herdfence job active (lease epoch %d): kafka=%s redis=%s:%s master=%s", processor.epoch,
+             settings.kafka_bootstrap, *settings.redis_node, settings.spark_master_url)
 
     def stop(*_):
         # not from inside the signal handler: it may interrupt a py4j call of the main thread
+        lease.release()
         threading.Thread(target=query.stop, name="stop", daemon=True).start()
     signal.signal(signal.SIGTERM, stop)
-    JvmWatchdog(spark).start()
     code = 0
     try:
         query.awaitTermination()
@@ -200,6 +262,20 @@ def main() -> None:
     # os._exit: interpreter shutdown can hang on py4j's callback threads once the JVM is gone
     logging.shutdown()
     os._exit(code)
+
+
+def _lease_lost() -> None:
+    """A job that lost its lease exits at once (its writes are refused anyway); the supervisor
+    starts it again as the standby."""
+    logging.shutdown()
+    os._exit(5)
+
+
+def _try(step, what: str) -> None:
+    try:
+        step()
+    except Exception:  # noqa: BLE001 - warming is best effort
+        log.exception("%s failed", what)
 
 
 class JvmWatchdog(threading.Thread):

@@ -20,7 +20,8 @@ from fencing.stream.periodic import Periodic
 from fencing.config import TUNING
 
 KEEP_WARM_S = TUNING.keep_warm_s   # 0 = off
-STATUS_KEY = "job:keepwarm"
+STATUS_KEY = ACTIVE_WARM_KEY = "job:keepwarm"
+STANDBY_WARM_KEY = "job:keepwarm:standby"    # the hot standby's runs (fencing.stream.job)
 HOLD_S = 0.3        # long enough that a run's tasks overlap, so no worker serves two of them
 
 
@@ -30,6 +31,11 @@ def _warm_task(redis_node: tuple[str, int]):
 
         from fencing.stream.fence_cache import process_cache
         from fencing.model.redis_conn import cluster
+        # what a micro-batch's tasks import (readers and process stage): a standby that takes over
+        # then pays no module loading in its first batch
+        import fencing.stream.prepare  # noqa: F401
+        import fencing.stream.process  # noqa: F401
+        import ingest.kafka_read  # noqa: F401
         for _ in batches:
             pass
         started = time.perf_counter()
@@ -42,8 +48,9 @@ def _warm_task(redis_node: tuple[str, int]):
 
 class KeepWarm(Periodic):
     def __init__(self, spark, redis, redis_node: tuple[str, int], last_activity: Callable[[], float],
-                 every_s: float = KEEP_WARM_S):
+                 every_s: float = KEEP_WARM_S, status_key: str = STATUS_KEY):
         super().__init__("keep-warm", every_s)
+        self.status_key = status_key
         self.spark, self.redis, self.redis_node = spark, redis, redis_node
         self.last_activity = last_activity
         self.runs = 0
@@ -59,5 +66,6 @@ class KeepWarm(Periodic):
         rows = [r.asDict() for r in self.spark.range(0, n, 1, n)
                 .mapInArrow(_warm_task(self.redis_node), "pid long, fences long").collect()]
         self.runs += 1
-        self.redis.set(STATUS_KEY, orjson.dumps({"time": time.time(), "runs": self.runs, "tasks": rows}))
+        self.redis.set(self.status_key, orjson.dumps({"time": time.time(), "runs": self.runs, "tasks": rows,
+                                                      "driver_pid": os.getpid()}))
         return rows

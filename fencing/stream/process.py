@@ -44,6 +44,7 @@ class ProcessContext:
     history_dir: str = ""       # Parquet history root (shared storage on a cluster); "" = none
     run_id: str = ""            # the streaming query's id: batch ids restart when a checkpoint is cleared
     seen_step_ms: int = 0       # a device's last-seen index entry is rewritten once it is this old (silent.py)
+    epoch: int = 0              # the active job's lease epoch: every write is fenced by it (fencing.model.lease)
 
     @property
     def version(self) -> str:
@@ -124,11 +125,12 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     events, latest_row = outcome.events, outcome.latest_row
     devices.frame_ts, devices.frame_lat, devices.frame_lon = outcome.ts, outcome.lat, outcome.lon
     clock.lap("advance")
-    _write_all(redis, ctx.version, devices, states, latest_row, events, counter, ctx.seen_step_ms, outcome.dropped)
+    _write_all(redis, ctx.version, devices, states, latest_row, events, counter, ctx.seen_step_ms, ctx.epoch,
+               outcome.dropped)
     clock.lap("write")
     # the task's events into their farms' logs (once per event id) before the batch commits: a
     # replay recomputes the same ids, and the driver only produces them to Kafka
-    event_log(redis).add([e.__dict__ for e in events])
+    event_log(redis).add([e.__dict__ for e in events], ctx.epoch)
     clock.lap("events")
     group_points = Counter(frame["grp"].tolist())
     stats = PartitionStats(partition, points=len(frame), devices=len(devices.dkeys), groups=dict(group_points),
@@ -203,7 +205,7 @@ def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter
 
 
 def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceState], latest_row: np.ndarray,
-               events: list[Event], counter: CallCounter, seen_step_ms: int = 0,
+               events: list[Event], counter: CallCounter, seen_step_ms: int = 0, epoch: int = 0,
                dropped: list[tuple[str, str, int]] = ()) -> None:
     """All writes of the task in one pipeline, batched per key: device state per home group, device
     locations per bucket, positions per farm, position index per cell, members per fence. Plain
@@ -247,7 +249,7 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
             removed_by_old.setdefault(moved_from, []).append(dkey)
         if old is None or moved_from:
             locations.setdefault(keys.device_location(dkey), {})[dkey] = home
-    pipe = NodePipeline(redis)
+    pipe = NodePipeline(redis, epoch)
     for home, mapping in state_by_home.items():
         pipe.hset(keys.group_state(home), mapping)
         counter.count(home)

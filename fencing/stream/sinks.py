@@ -1,24 +1,26 @@
 """The sinks of a micro-batch, idempotent by batch id and event id: events → Redis (per farm: hash +
 time index + live stream, each event written once; by the process tasks) and Kafka `fence.events` (by
-the driver); dead letters → `gps.reports.dlq`; pings → `job:ping:<id>`."""
+the driver); dead letters → `gps.reports.dlq`; pings → `{job}:ping:<id>`."""
 from __future__ import annotations
 
 import orjson
 
 from fencing.model.timeutil import iso_many
 from fencing.model import keys
+from fencing.model.lease import FENCE_PRELUDE, epoch_key
 from fencing.model.node_pipe import NodePipeline
 
 STREAM_MAXLEN = 100_000
 
 # A farm's events, each written only if its id is new, so a replayed batch adds nothing twice. One call
-# per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event.
-_ADD_EVENTS = """
+# per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event. Fenced by the
+# writer's epoch (ARGV[1], KEYS[4]: fencing.model.lease) when it is > 0.
+_ADD_EVENTS = FENCE_PRELUDE + """
 local flags = {}
-for i = 2, #ARGV, 3 do
+for i = 3, #ARGV, 3 do
   if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
     redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[1], '*', 'event', ARGV[i + 1])
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'event', ARGV[i + 1])
     flags[#flags + 1] = 1
   else
     flags[#flags + 1] = 0
@@ -52,7 +54,7 @@ class EventLog:
         self.add_events = redis.register_script(_ADD_EVENTS)
         redis.script_load(_ADD_EVENTS)              # on every master: the pipelined EVALSHA needs it
 
-    def add(self, events: list[dict]) -> list[tuple[dict, bytes]]:
+    def add(self, events: list[dict], epoch: int = 0) -> list[tuple[dict, bytes]]:
         """Each event into its farm's log unless its id is there already; returns the new ones, by
         time, each with its public JSON. One script call per farm (bounded chunks), pipelined per
         master: a batch touching thousands of farms costs one round trip per node, not one per farm."""
@@ -65,11 +67,11 @@ class EventLog:
         for farm_id, farm_events in by_farm.items():
             for start in range(0, len(farm_events), 2000):
                 chunk = farm_events[start:start + 2000]
-                args: list = [STREAM_MAXLEN]
+                args: list = [epoch, STREAM_MAXLEN]
                 for event, public in chunk:
                     args += [event["event_id"], public, event["ts"]]
                 pipe.script(self.add_events, [keys.event_data(farm_id), keys.events(farm_id),
-                                              keys.event_stream(farm_id)], args)
+                                              keys.event_stream(farm_id), epoch_key(keys.events(farm_id))], args)
                 chunks.append(chunk)
         if not chunks:
             return []
@@ -93,8 +95,9 @@ class Sinks:
     """The driver's side of a batch: its events to Kafka `fence.events` (once per batch id: the
     tasks have put them in Redis), dead letters to `gps.reports.dlq`, pings."""
 
-    def __init__(self, redis, producer):
+    def __init__(self, redis, producer, epoch: int = 0):
         self.redis, self.producer = redis, producer
+        self.epoch = epoch              # the lease's epoch: every write is fenced by it (0: not fenced)
         self.log = event_log(redis)
 
     def write(self, batch_id: str, events: list[dict], dead_letters: list[str], pings: list[str]) -> None:
@@ -102,18 +105,32 @@ class Sinks:
         events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
         marker = keys.SINK_DONE.format(batch_id)
         if not self.redis.get(marker):
+            self.check_epoch(marker)    # a driver that lost its lease produces nothing
             # Kafka has no upsert: the marker keeps a replayed batch from producing again; consumers can
             # also drop duplicates by the deterministic event_id.
             self.producer.produce_records("fence.events", [(e["fence_id"].encode(), public)
                                                            for e, public in zip(events, public_events(events))])
             self.producer.produce_records("gps.reports.dlq", [(None, d.encode()) for d in dead_letters])
-            self.redis.set(marker, "1", ex=7 * 24 * 3600)
+            self.set(marker, "1", ex=7 * 24 * 3600)
         for ping in pings:
-            self.redis.set(f"job:ping:{ping}", batch_id, ex=3600)
+            self.set(keys.JOB_PING.format(ping), batch_id, ex=3600)
+
+    def set(self, key: str, value: str, ex: int | None = None) -> None:
+        """SET, fenced by the epoch."""
+        pipe = NodePipeline(self.redis, self.epoch)
+        pipe.command(key, "SET", key, value, *(("EX", ex) if ex else ()))
+        pipe.execute()
+
+    def check_epoch(self, key: str) -> None:
+        """Raise (FENCED) unless this job's epoch may still write into `key`'s slot."""
+        if self.epoch:
+            pipe = NodePipeline(self.redis, self.epoch)
+            pipe.command(key, "PEXPIRE", key, 7 * 24 * 3600 * 1000)   # a fenced no-op on a missing key
+            pipe.execute()
 
     def write_once(self, events: list[dict]) -> int:
         """Events outside any batch (the silent scanner): Kafka gets only those new to Redis."""
-        new = self.log.add(events)
+        new = self.log.add(events, self.epoch)
         self.producer.produce_records("fence.events", [((e["fence_id"] or e["device_id"]).encode(), public)
                                                        for e, public in new])
         return len(new)

@@ -47,7 +47,10 @@ cluster_conf = spark_cluster_conf      # fencing/config.py: the one reader of HE
 LOCAL_JVM_OPTIONS = TUNING.jvm_options
 
 
-def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: int = 4) -> SparkSession:
+def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: int = 4,
+                  standby: bool = False) -> SparkSession:
+    """`standby`: the hot standby job's session (fencing.stream.job); on a cluster it starts with no
+    executors, so that it takes none from the active job, and asks for them once it is active."""
     from fencing.config import check_spark_master
     check_spark_master(master)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -66,7 +69,11 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
             builder = (builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
                        .config("spark.driver.extraJavaOptions", LOCAL_JVM_OPTIONS))
         else:
-            for k, v in cluster_conf().items():
+            conf = cluster_conf()
+            if standby and conf.get("spark.dynamicAllocation.enabled") == "true":
+                conf.update({"spark.dynamicAllocation.minExecutors": "0",
+                             "spark.dynamicAllocation.initialExecutors": "0"})
+            for k, v in conf.items():
                 builder = builder.config(k, v)
     builder = (builder.config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
@@ -87,7 +94,8 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
     spark.sparkContext.setLogLevel("WARN")
     if not is_local(spark.sparkContext.master):
         _ship_code(spark)
-        _start_scale_watcher(spark)
+        if not standby:         # a standby applies no executor requests until it is active
+            start_scale_watcher(spark)
     return spark
 
 
@@ -141,8 +149,8 @@ def _probe(spark: SparkSession) -> None:
         log.warning("executor probe failed: %s", e)
 
 
-def _start_scale_watcher(spark: SparkSession) -> None:
-    if not TUNING.scale_watch:
+def start_scale_watcher(spark: SparkSession) -> None:
+    if not TUNING.scale_watch or is_local(spark.sparkContext.master):
         return
     from fencing.elastic import scale
     from fencing.config import load_settings

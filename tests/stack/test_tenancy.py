@@ -153,6 +153,7 @@ FARM_ROUTES = [
     ("GET", "/v1/positions/history", None), ("GET", "/v1/events", None), ("GET", "/v1/events/stream", None),
     ("POST", "/v1/query/within", {"geometry": AREA}), ("GET", "/v1/webhooks", None),
     ("POST", "/v1/webhooks", {"url": "http://127.0.0.1:9/x"}), ("DELETE", "/v1/webhooks/{hook}", None),
+    ("GET", "/v1/time-in-fence", None),
 ]
 
 

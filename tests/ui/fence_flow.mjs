@@ -6,64 +6,10 @@
 //
 // env: HF_API_URL (e.g. http://127.0.0.1:8000), HF_API_KEY (farm key), HF_ARTIFACTS (screenshot dir),
 //      HF_CHROMIUM (default /usr/bin/chromium), HF_UI_DIR (dir holding node_modules, default api/ui).
-import { createRequire } from 'node:module';
-import path from 'node:path';
-import fs from 'node:fs';
-import readline from 'node:readline';
-import { fileURLToPath } from 'node:url';
-
-const here = path.dirname(fileURLToPath(import.meta.url));
-const uiDir = process.env.HF_UI_DIR || path.resolve(here, '..', '..', 'api', 'ui');
-const require = createRequire(path.join(uiDir, 'package.json'));
-const { chromium } = require('playwright-core');
-
-const API = (process.env.HF_API_URL || 'http://127.0.0.1:8000').replace(/\/$/, '');
-const KEY = process.env.HF_API_KEY;
-const OUT = process.env.HF_ARTIFACTS || path.resolve(here, '..', '..', 'test-artifacts', 'ui');
-const EXE = process.env.HF_CHROMIUM || '/usr/bin/chromium';
-// Tiles point at a closed local port: exercises "tiles failing must not break anything" offline,
-// and a test run never sends traffic to a public tile server.
-const TILE_URL = process.env.HF_TILE_URL ?? 'http://127.0.0.1:9/tiles/{z}/{x}/{y}.png';
-fs.mkdirSync(OUT, { recursive: true });
-
-const emit = (obj) => process.stdout.write(JSON.stringify(obj) + '\n');
-
-// ---- stdin commands
-const rl = readline.createInterface({ input: process.stdin });
-const queue = [];
-let waiter = null;
-rl.on('line', (line) => {
-  line = line.trim();
-  if (!line) return;
-  let cmd;
-  try { cmd = JSON.parse(line); } catch { cmd = { cmd: line }; }
-  if (waiter) { const w = waiter; waiter = null; w(cmd); } else queue.push(cmd);
-});
-rl.on('close', () => { if (waiter) { const w = waiter; waiter = null; w({ cmd: 'quit' }); } });
-const nextCommand = (timeoutMs = 180000) => new Promise((resolve, reject) => {
-  if (queue.length) return resolve(queue.shift());
-  const t = setTimeout(() => { waiter = null; reject(new Error('no command from pytest within ' + timeoutMs + ' ms')); }, timeoutMs);
-  waiter = (c) => { clearTimeout(t); resolve(c); };
-});
+import { API, KEY, TILE_URL, emit, nextCommand, shot as shotOf, watch, launch, withOfflineTiles, axe, pageErrors } from './lib.mjs';
 
 let browser, page;
-const pageErrors = [];
-
-async function shot(name, p = page) {
-  const file = path.join(OUT, name + '.png');
-  await p.screenshot({ path: file });
-  emit({ log: 'screenshot', file });
-  return file;
-}
-
-function watch(p, label) {
-  p.on('pageerror', (err) => { pageErrors.push(String(err)); emit({ log: 'pageerror', page: label, text: String(err.stack || err) }); });
-  p.on('console', (msg) => {
-    if (msg.type() === 'error' && !/Failed to load resource|ERR_CONNECTION_REFUSED|tiles\//.test(msg.text())) {
-      emit({ log: 'console.error', page: label, text: msg.text() });
-    }
-  });
-}
+const shot = (name, p = page) => shotOf(p, name);
 
 async function markerBox(deviceId) {
   const dot = page.locator(`.herd-marker .dot[data-device-id="${deviceId}"]`);
@@ -73,6 +19,7 @@ async function markerBox(deviceId) {
 async function signIn() {
   await page.goto(API + '/', { waitUntil: 'domcontentloaded' });
   await page.locator('#login-key').waitFor({ state: 'visible', timeout: 15000 });
+  const axeLogin = await axe(page);
   await shot('00-sign-in');
 
   // a wrong key must be refused with a visible message
@@ -86,20 +33,21 @@ async function signIn() {
   await page.fill('#login-key', KEY);
   await page.click('#login-btn');
   await page.locator('#app').waitFor({ state: 'visible', timeout: 15000 });
-  await page.locator('#map .leaflet-pm-toolbar').waitFor({ state: 'visible', timeout: 15000 });
+  await page.locator('#draw-fence-btn').waitFor({ state: 'visible', timeout: 15000 });
   await page.waitForFunction(() => document.querySelector('#conn-status').dataset.state !== 'connecting', null, { timeout: 15000 });
   // the tile server is unreachable: the map must say so and keep working on its own background
   const tileNote = await page.locator('#tile-note').waitFor({ state: 'attached', timeout: 10000 }).then(() => true, () => false);
   const stored = await page.evaluate(() => localStorage.getItem('herdfence.apiKey'));
   if (stored !== KEY) throw new Error('API key was not stored in localStorage');
-  return { wrongMsg: wrongMsg.trim(), tileNote };
+  await page.waitForTimeout(500);
+  return { wrongMsg: wrongMsg.trim(), tileNote, axeLogin, axeApp: await axe(page) };
 }
 
 async function drawFence(name) {
-  // the Geoman "Draw Polygons" tool on the map toolbar
-  const tool = page.locator('.leaflet-pm-toolbar .leaflet-pm-icon-polygon');
-  await tool.click();
-  await page.locator('#draw-hint').waitFor({ state: 'visible', timeout: 5000 });
+  // "Draw a fence": the drawing bar opens above the map, the mouse clicks the corners
+  await page.click('#draw-fence-btn');
+  await page.locator('#draw-bar').waitFor({ state: 'visible', timeout: 5000 });
+  await page.waitForTimeout(300); // the map shrinks under the bar
   const box = await page.locator('#map').boundingBox();
   const cx = box.x + box.width / 2, cy = box.y + box.height / 2;
   const w = Math.min(box.width * 0.22, 170), h = Math.min(box.height * 0.22, 120);
@@ -148,21 +96,15 @@ async function waitDevice(cmd) {
 
 async function run() {
   if (!KEY) throw new Error('HF_API_KEY is not set');
-  browser = await chromium.launch({
-    executablePath: EXE, headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update',
-      '--disable-sync', '--no-first-run', '--autoplay-policy=no-user-gesture-required'],
-  });
+  browser = await launch();
   const context = await browser.newContext({ viewport: { width: 1280, height: 800 }, locale: 'en-GB' });
-  await context.addInitScript((tiles) => {
-    if (localStorage.getItem('herdfence.tileUrl') === null) localStorage.setItem('herdfence.tileUrl', tiles);
-  }, TILE_URL);
+  await withOfflineTiles(context);
   page = await context.newPage();
   watch(page, 'desktop');
 
-  const { wrongMsg, tileNote } = await signIn();
+  const { wrongMsg, tileNote, axeLogin, axeApp } = await signIn();
   await shot('01-signed-in');
-  emit({ step: 'signed_in', wrong_key_message: wrongMsg, tile_note: tileNote });
+  emit({ step: 'signed_in', wrong_key_message: wrongMsg, tile_note: tileNote, axe_login: axeLogin, axe_app: axeApp });
 
   let cmd = await nextCommand();
   const drawn = await drawFence(cmd.name || 'North paddock');
@@ -183,6 +125,7 @@ async function run() {
         extra.last_exit = await page.evaluate(() => document.body.getAttribute('data-last-exit'));
         extra.toast = (await page.textContent('#toast')).trim();
         extra.sse_events = await page.evaluate(() => window.herdfence.state.sseEvents);
+        extra.axe = await axe(page); // the desktop app with a fence, an animal and alerts
       }
       await shot(cmd.screenshot || ('device-' + cmd.state));
       lastBox = box || lastBox;
@@ -191,7 +134,7 @@ async function run() {
       await selectTab('fences');
       const li = page.locator(`#fence-list [data-fence-id="${cmd.fence_id}"]`);
       await li.locator('[data-action="rename"]').click();
-      await li.locator('input').fill(cmd.name);
+      await li.locator('input[name="name"]').fill(cmd.name);
       await li.locator('[data-action="rename-save"]').click();
       await page.locator(`#fence-list [data-fence-id="${cmd.fence_id}"] .fence-name`, { hasText: cmd.name }).waitFor({ timeout: 15000 });
       emit({ step: 'renamed' });

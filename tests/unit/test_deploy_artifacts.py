@@ -264,7 +264,7 @@ def _check_volumes(k8s, volumes: list[dict]) -> None:
 
 
 def test_k8s_spark_application(k8s):
-    app = _one(k8s, "SparkApplication")
+    app = _one(k8s, "SparkApplication", "herdfence-job")
     spec = app["spec"]
     _check_image(spec["image"], "SparkApplication")
     assert HERDFENCE_IMAGE.match(spec["image"]).group(1) == "job"
@@ -292,6 +292,20 @@ def test_k8s_spark_application(k8s):
         assert _config(k8s)["HERDFENCE_HOME"] in mounts.values(), side
     _check_volumes(k8s, spec["volumes"])
     assert _one(k8s, "PersistentVolumeClaim", "herdfence-state")["spec"]["accessModes"] == ["ReadWriteMany"]
+
+
+def test_k8s_hot_standby_is_a_second_application_on_another_node(k8s):
+    active, standby = _one(k8s, "SparkApplication", "herdfence-job"), _one(k8s, "SparkApplication", "herdfence-job-standby")
+    # the same job (image, code, config, volumes): only its executors and name differ
+    for key in ("image", "mainApplicationFile", "deps", "volumes", "sparkConf"):
+        assert standby["spec"][key] == active["spec"][key], key
+    assert standby["spec"]["dynamicAllocation"]["minExecutors"] == 0 == standby["spec"]["dynamicAllocation"]["initialExecutors"]
+    for app in (active, standby):
+        driver = app["spec"]["driver"]
+        rule = driver["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+        assert rule["topologyKey"] == "kubernetes.io/hostname"
+        # each driver repels every pod carrying the drivers' labels, so the two never share a node
+        assert rule["labelSelector"]["matchLabels"].items() <= driver["labels"].items()
 
 
 def test_k8s_every_image_is_built_or_pinned(k8s):

@@ -45,6 +45,6 @@ def test_heartbeat_readers_use_the_typed_record():
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr in ("JOB_HEARTBEAT", "JOB_HEARTBEAT_LOG"):
                 offenders.append(f"{rel}:{node.lineno}")
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("job:heartbeat"):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("job:heartbeat", "{job}:heartbeat")):
                 offenders.append(f"{rel}:{node.lineno}")
     assert not offenders, offenders

@@ -103,3 +103,74 @@ def test_acknowledged_objects_survive_kill9(store):
         assert got.headers["etag"] == etags[i]
     assert s3.put("/tansu/t/records/00000000000000000007.batch", content=b"again",
                   headers={"If-None-Match": "*"}).status_code == 412
+
+
+def _keys(s3, **params) -> tuple[list[str], str | None]:
+    listed = s3.get("/tansu", params={"list-type": "2", **params})
+    assert listed.status_code == 200
+    doc = ElementTree.fromstring(listed.content)
+    token = doc.find(f"{NS}NextContinuationToken")
+    return [k.text for k in doc.iter(f"{NS}Key")], token.text if token is not None else None
+
+
+def test_listings_page_and_follow_writes_and_deletes_across_a_restart(store):
+    """The listing index (kept in memory, read from disk at start) pages by max-keys and
+    continuation token, honours start-after, and follows puts and deletes."""
+    s3, restart_after_kill9 = store
+    folder = "clusters/c/topics/t/partitions/0/records/"
+    names = [f"{folder}{i:020d}.batch" for i in range(0, 2500, 10)]       # 250 objects
+    for name in names[::-1]:                                              # written out of order
+        assert s3.put(f"/tansu/{name}", content=b"x").status_code == 200
+    s3.put("/tansu/clusters/c/topics/t/partitions/1/records/00000000000000000000.batch", content=b"y")
+    restart_after_kill9()                        # the index is rebuilt from the files
+    seen, token = [], None
+    while True:
+        page, token = _keys(s3, prefix=folder, **({"max-keys": "100"} | ({"continuation-token": token} if token else {})))
+        seen += page
+        if token is None:
+            break
+    assert seen == names, "every object of the folder once, in key order, and no other folder's"
+    assert _keys(s3, prefix=folder, **{"start-after": names[247]})[0] == names[248:]
+    s3.delete(f"/tansu/{names[0]}")
+    s3.put(f"/tansu/{folder}{5:020d}.batch", content=b"z")
+    assert _keys(s3, prefix=folder, **{"max-keys": "2"})[0] == [f"{folder}{5:020d}.batch", names[1]]
+
+
+def test_retention_deletes_only_consumed_objects_older_than_the_window(tmp_path):
+    """deploy/broker_retention.py against a real DiskStore and a Spark-style checkpoint: an object goes
+    only when every record in it is below the committed end of its partition and it is older than
+    the window; the newest object of a partition, other topics and uncommitted batches stay."""
+    from deploy.broker_retention import Retention, committed_ends
+    from deploy.objectstore import DiskStore
+    store = DiskStore(tmp_path / "objects")
+    old, now = time.time() - 3600, time.time()
+
+    def put(topic: str, partition: int, base: int, mtime: float) -> str:
+        key = f"clusters/c/topics/{topic}/partitions/{partition:010d}/records/{base:020d}.batch"
+        store.put("tansu", key, b"x", None, None)
+        path = tmp_path / "objects" / "tansu" / key
+        os.utime(path, (mtime, mtime))
+        store._indexed("tansu", key, store.meta("tansu", key))       # the index follows the file's age
+        return key
+    p0 = [put("gps.reports", 0, base, old) for base in (0, 100, 200, 300)]
+    p1 = [put("gps.reports", 1, 0, old), put("gps.reports", 1, 50, now), put("gps.reports", 1, 90, now)]
+    events = [put("fence.events", 0, 0, old), put("fence.events", 0, 10, old)]
+    checkpoint = tmp_path / "checkpoint"
+    for sub in ("offsets", "commits"):
+        (checkpoint / sub).mkdir(parents=True)
+    retention = Retention(store, checkpoint, keep_s=600)
+    assert retention.run_once() is None, "no committed batch yet: nothing may go"
+    meta = '{"batchWatermarkMs":0}'
+    (checkpoint / "offsets" / "4").write_text(f'v1\n{meta}\n{{"0": 250, "1": 95}}')
+    (checkpoint / "commits" / "4").write_text("v1\n{}")
+    (checkpoint / "offsets" / "5").write_text(f'v1\n{meta}\n{{"0": 400, "1": 120}}')   # planned, not committed
+    assert committed_ends(checkpoint) == {0: 250, 1: 95}
+    swept = retention.run_once()
+    left = {m.key for m in store.list("tansu", "clusters/")}
+    # p0: [0,100) and [100,200) are below 250; [200,300) is not wholly consumed; the newest stays
+    assert left == {p0[2], p0[3], p1[1], p1[2], *events}
+    assert p0[0] not in left and p0[1] not in left and {p0[2], p0[3]} <= left
+    # p1: [0,50) is consumed (50 <= 95) and old: gone; [50,90) is consumed but new: kept (the window)
+    assert p1[0] not in left and {p1[1], p1[2]} <= left
+    assert set(events) <= left, "only gps.reports, whose consumer is the job, is swept"
+    assert swept.deleted == 3

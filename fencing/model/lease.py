@@ -1,0 +1,179 @@
+"""Who may write: the active job's lease and the epoch that fences every write it makes.
+
+Two job processes run side by side (issue 19, hot standby): the one holding the lease in Redis runs the
+streaming query; the other is warm and waits. Taking the lease increments the epoch (one Lua call:
+lease and epoch move together). The holder renews the lease every `ttl/5`; a holder that misses its
+renewals (killed, paused, cut off) loses it when it expires, and the standby takes it with the next
+epoch.
+
+Losing the lease is not enough to stop an old driver: a paused process cannot notice anything. So
+every write of the job carries its epoch and is checked on the Redis side, atomically with the write,
+against the highest epoch that wrote into that hash slot (`{tag}:epoch`, a fencing token per slot):
+an older epoch is refused (`FENCED`), a newer one raises the slot's mark. The new active raises the
+mark of every slot it writes; a resumed old driver is refused there. A slot the new active has not
+written yet can still take the old driver's write, which is the same batch's deterministic result
+(same checkpoint, same offsets) that the new active writes again, versioned by batch.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+LEASE_KEY = "{job}:lease"       # the holder's id, with a TTL
+EPOCH_KEY = "{job}:epoch"       # incremented by every take-over (same slot as the lease)
+STANDBY_KEY = "{job}:standby"   # the holder id of the job process standing by, warm, for the lease
+LUA_UNPACK_MAX = 7_000          # Lua's unpack() takes ~8,000 values at most: longer commands are split
+
+_ACQUIRE = """
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('INCR', KEYS[2])
+end
+return 0
+"""
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+# KEYS[1] = the slot's epoch mark, KEYS[2] = the key written; ARGV[1] = the writer's epoch, ARGV[2] =
+# the command, ARGV[3..] = its arguments after the key
+FENCED_COMMAND = """
+local mark = tonumber(redis.call('GET', KEYS[1]) or '0')
+local mine = tonumber(ARGV[1])
+if mark > mine then
+  return redis.error_reply('FENCED epoch ' .. mine .. ' is older than ' .. mark)
+end
+if mark < mine then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return redis.call(ARGV[2], KEYS[2], unpack(ARGV, 3))
+"""
+# The same check as a prelude for scripts that write several keys of one slot (the event log):
+# KEYS[#KEYS] is the slot's epoch mark, ARGV[1] the writer's epoch (0: not fenced)
+FENCE_PRELUDE = """
+local mine = tonumber(ARGV[1])
+if mine > 0 then
+  local mark = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
+  if mark > mine then
+    return redis.error_reply('FENCED epoch ' .. mine .. ' is older than ' .. mark)
+  end
+  if mark < mine then
+    redis.call('SET', KEYS[#KEYS], ARGV[1])
+  end
+end
+"""
+
+
+class Fenced(RuntimeError):
+    """A write refused because a newer epoch (a newer active job) has written there."""
+
+
+def epoch_key(key: str) -> str:
+    """The epoch mark of the hash slot `key` lives in (same hash tag, so the same slot)."""
+    start = key.find("{")
+    if start >= 0:
+        end = key.find("}", start + 1)
+        if end > start + 1:
+            return f"{{{key[start + 1:end]}}}:epoch"
+    return f"{{{key}}}:epoch"
+
+
+# how to split a command too long for one Lua unpack: (arguments per item after the key)
+_SPLITTABLE = {"HSET": 2, "ZADD": 2, "SADD": 1, "SREM": 1, "HDEL": 1}
+
+
+def split_command(args: tuple) -> list[tuple]:
+    """`args` (command, key, rest...) as several commands of the same effect when `rest` is too long
+    for the fenced script's unpack; other commands are returned as they are."""
+    name, key, rest = args[0], args[1], args[2:]
+    step = _SPLITTABLE.get(str(name).upper())
+    if step is None or len(rest) <= LUA_UNPACK_MAX:
+        return [args]
+    size = LUA_UNPACK_MAX - LUA_UNPACK_MAX % step
+    return [(name, key, *rest[i:i + size]) for i in range(0, len(rest), size)]
+
+
+class Lease:
+    """The job's lease in Redis: `acquire` blocks until this process holds it and returns the epoch;
+    a renewal thread keeps it and calls `on_lost` (once) when it cannot."""
+
+    def __init__(self, redis, holder: str, ttl_ms: int, on_lost: Callable[[], None],
+                 lease_key: str = LEASE_KEY, epoch_counter: str = EPOCH_KEY) -> None:
+        self.redis, self.holder, self.ttl_ms, self.on_lost = redis, holder, ttl_ms, on_lost
+        self.lease_key, self.epoch_counter = lease_key, epoch_counter
+        self._acquire = redis.register_script(_ACQUIRE)
+        self._renew = redis.register_script(_RENEW)
+        self._release = redis.register_script(_RELEASE)
+        self.epoch = 0
+        self._stop = threading.Event()
+
+    def try_acquire(self) -> int:
+        """The new epoch if this call took the lease, else 0."""
+        return int(self._acquire(keys=[self.lease_key, self.epoch_counter], args=[self.holder, self.ttl_ms]))
+
+    def acquire(self, poll_s: float = 0.1, stop: threading.Event | None = None, wait: bool = True) -> int:
+        """The epoch once this process holds the lease (0: `stop` was set, or not free and not `wait`)."""
+        while not (stop and stop.is_set()):
+            try:
+                epoch = self.try_acquire()
+            except Exception as e:  # noqa: BLE001 - Redis away: keep waiting, the stack restarts it
+                log.warning("lease: cannot reach Redis (%s); retrying", e)
+                epoch = 0
+            if epoch:
+                self.epoch = epoch
+                threading.Thread(target=self._keep, name="lease", daemon=True).start()
+                return epoch
+            if not wait:
+                return 0
+            time.sleep(poll_s)
+        return 0
+
+    def _keep(self) -> None:
+        every = self.ttl_ms / 5000.0
+        deadline = time.monotonic() + self.ttl_ms / 1000.0
+        while not self._stop.wait(every):
+            try:
+                if int(self._renew(keys=[self.lease_key], args=[self.holder, self.ttl_ms])):
+                    deadline = time.monotonic() + self.ttl_ms / 1000.0
+                    continue
+                reason = "another job holds it"
+            except Exception as e:  # noqa: BLE001 - judged by the deadline below
+                if time.monotonic() < deadline:
+                    continue
+                reason = f"no renewal within the lease ({e})"
+            log.error("lease lost (%s): this job stops writing", reason)
+            self.on_lost()
+            return
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            self._release(keys=[self.lease_key], args=[self.holder])
+        except Exception:  # noqa: BLE001 - it expires anyway
+            pass
+
+
+def mark_standby(redis, holder: str) -> None:
+    """This process is warm and waits for the lease (what `status` and the failover benchmark read)."""
+    redis.set(STANDBY_KEY, holder)
+
+
+def standby_holder(redis) -> str | None:
+    """The id of the job process last marked as a warm standby (check that it still runs)."""
+    return redis.get(STANDBY_KEY)
+
+
+def lease_holder(redis) -> str | None:
+    """The id of the job process holding the lease (None: no active job)."""
+    return redis.get(LEASE_KEY)
