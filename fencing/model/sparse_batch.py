@@ -55,6 +55,7 @@ class FarmFences:
         codes, names = pd.factorize(np.asarray(farm, dtype=object))
         span = np.array([self.farms.get(n, (0, 0)) for n in names], dtype=np.int64).reshape(-1, 2)
         lo, count = span[codes, 0], span[codes, 1] - span[codes, 0]
+        x0, y0, x1, y1 = (np.asarray(v, np.float64) for v in (x0, y0, x1, y1))
         sx0, sx1 = np.minimum(x0, x1), np.maximum(x0, x1)
         sy0, sy1 = np.minimum(y0, y1), np.maximum(y0, y1)
         segs, fences = [np.empty(0, np.int64)], [np.empty(0, np.int64)]
@@ -67,11 +68,30 @@ class FarmFences:
             seg = np.repeat(np.arange(start, stop), n)
             fence = np.repeat(lo[start:stop] - (np.cumsum(n) - n), n) + np.arange(len(seg))
             b = self.bounds[fence]
-            hit = (b[:, 0] <= sx1[seg]) & (b[:, 2] >= sx0[seg]) & (b[:, 1] <= sy1[seg]) & (b[:, 3] >= sy0[seg])
+            hit = np.flatnonzero((b[:, 0] <= sx1[seg]) & (b[:, 2] >= sx0[seg]) & (b[:, 1] <= sy1[seg])
+                                 & (b[:, 3] >= sy0[seg]))            # boxes meet, then the segment itself
+            seg, fence = seg[hit], fence[hit]
+            hit = _crosses_box(b[hit], x0[seg], y0[seg], x1[seg], y1[seg])
             segs.append(seg[hit])
             fences.append(fence[hit])
             start = stop
         return np.concatenate(segs), np.concatenate(fences)
+
+
+def _crosses_box(box: np.ndarray, x0, y0, x1, y1) -> np.ndarray:
+    """Whether each segment meets its box (closed; Liang-Barsky clipping): a segment that misses a
+    fence's box misses the fence, whatever their boxes do."""
+    dx, dy = x1 - x0, y1 - y0
+    t0, t1 = np.zeros(len(x0)), np.ones(len(x0))
+    ok = np.ones(len(x0), bool)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        for p, q in ((-dx, x0 - box[:, 0]), (dx, box[:, 2] - x0), (-dy, y0 - box[:, 1]), (dy, box[:, 3] - y0)):
+            flat = p == 0
+            ok &= ~(flat & (q < 0))
+            t = q / p
+            t0 = np.where(~flat & (p < 0), np.maximum(t0, t), t0)
+            t1 = np.where(~flat & (p > 0), np.minimum(t1, t), t1)
+    return ok & (t0 <= t1)
 
 
 class Fences(Protocol):
