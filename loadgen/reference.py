@@ -19,12 +19,13 @@ calls on single geometries. The rules (README "Event semantics"):
   inside → each gap between stretches at least min_stretch long gives EXIT, ENTER; interpolated ts,
   fence active at both; min_stretch = max(10 m, 2 x the larger accuracy_m of the two reports); a
   segment shorter than 30 m implies nothing;
-* late: a report older than the device's last counted one, at most 24 h older and not before its
-  first counted one (nor before the end of a stay it has forgotten: it remembers 12), is kept; at the end of each batch with new late fixes, per fence, over all kept
-  late fixes in time order: a fix disagrees when its membership differs from the confirmed one at
-  its time; disagreement debounced by the fence's rule confirms a departure, agreement debounced
-  again confirms the return; with the same confirmed membership at both, EXIT+ENTER (ENTER+EXIT
-  when it was outside) at the two fixes, late, each excursion once.
+* late: a report older than the device's last counted one, at most 24 h older, not before its first
+  counted one nor before the end of a stay it has forgotten (it remembers 8), is kept; at the end of
+  each batch with new late fixes, per fence, over all kept late fixes in time order: a fix disagrees
+  when its membership differs from the confirmed one at its time; disagreement debounced by the
+  fence's rule confirms a departure, agreement debounced again confirms the return; with the same
+  confirmed membership at both, EXIT+ENTER (ENTER+EXIT when it was outside) at the two fixes, late,
+  each excursion once.
 """
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ class _Device:
 
 
 HORIZON_MS = 24 * 3600 * 1000
-MAX_STAYS = 12          # the device remembers its last 12 ended stays (and 24 h of them at most)
+MAX_STAYS = 8           # the device remembers its last 8 ended stays (and 24 h of them at most)
 
 
 def _metres(lon0: float, lat0: float):

@@ -24,7 +24,7 @@ from fencing.model.fence_store import FenceRules
 DEFAULT_RULES = FenceRules()
 EMPTY: frozenset[str] = frozenset()
 LATE_HORIZON_MS = 24 * 3600 * 1000      # late fixes older than this (before the last processed one) are not replayed
-MAX_STAYS = 12                          # ended stays kept per device for late fixes (state size)
+MAX_STAYS = 8                           # ended stays kept per device for late fixes (state size)
 
 
 @dataclass
@@ -69,7 +69,10 @@ class DeviceState:
             out["ac"] = self.accuracy
         if self.known_from is not None:
             out["kf"] = self.known_from
-        for key, value in (("st", self.stays), ("lf", self.late), ("em", self.emitted)):
+        if self.stays:      # times stored as ms before the last report: short numbers in every write
+            last = self.last_ts or 0
+            out["st"] = [[u, last - a, last - b] for u, a, b in self.stays]
+        for key, value in (("lf", self.late), ("em", self.emitted)):
             if value:
                 out[key] = value
         return out
@@ -82,7 +85,9 @@ class DeviceState:
                     {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()}, d.get("sn"), d.get("ac"),
                     known_from=d.get("kf"))
         if "st" in d or "lf" in d or "em" in d:     # stored only when there are some
-            state.stays, state.late, state.emitted = d.get("st") or [], d.get("lf") or [], d.get("em") or []
+            last = state.last_ts or 0
+            state.stays = [[u, last - a, last - b] for u, a, b in d.get("st") or ()]
+            state.late, state.emitted = d.get("lf") or [], d.get("em") or []
         return state
 
     def close_stay(self, uid: str, since: int | None, t: int) -> None:
