@@ -77,11 +77,12 @@ async def fence_devices(aredis, farm_id: str, fence_id: str, fresh: bool = False
     body = _get(farm_id, key, fresh)
     if body is None:
         generation = _generation[farm_id]
-        devices = await live.fence_members(aredis, farm_id, fence_id)
-        if devices is None:
+        members = await live.fence_members(aredis, farm_id, fence_id)
+        if members is None:
             return None
-        body = orjson.dumps({"fence_id": fence_id, "devices": devices})
-        _put(farm_id, key, body, generation)
+        body = orjson.dumps({"fence_id": fence_id, "devices": members.devices})
+        if not members.windowed:         # a windowed fence's answer changes with the clock: not cached
+            _put(farm_id, key, body, generation)
     return body
 
 

@@ -13,7 +13,7 @@ router = APIRouter(prefix="/v1", tags=["fences and devices"])
 
 FENCE_EXAMPLE = {
     "type": "Feature",
-    "properties": {"name": "North paddock", "debounce_reports": 2, "debounce_seconds": 30},
+    "properties": {"name": "North paddock", "debounce_reports": 2, "debounce_seconds": 30, "warn_m": 20},
     "geometry": {"type": "Polygon", "coordinates": [[[8.50, 47.00], [8.51, 47.00], [8.51, 47.01],
                                                      [8.50, 47.01], [8.50, 47.00]]]},
 }

@@ -49,7 +49,8 @@ def get_device(device_id: str, request: Request, who: Principal = Depends(princi
         raise not_found("device")
     if tenancy.device_record(redis, who.farm_id, device_id) is None:
         raise not_found("device")
-    return live.device_view(device_id, live.positions(redis, who.farm_id, [device_id]).get(device_id))
+    return live.device_view(device_id, live.positions(redis, who.farm_id, [device_id]).get(device_id),
+                            live.closed_fences(redis, who.farm_id))
 
 
 def _bbox(text: str) -> shapely.Geometry:
@@ -76,6 +77,7 @@ def get_positions(request: Request, bbox: str | None = Query(None, examples=["8.
         found = live.positions(redis, who.farm_id)
     devices = tenancy.device_records(redis, who.farm_id, sorted(found))
     features = []
+    closed = live.closed_fences(redis, who.farm_id)
     for device_id, pos in sorted(found.items()):
         device_herd = (devices.get(device_id) or {}).get("herd")
         if herd is not None and device_herd != herd:
@@ -83,7 +85,8 @@ def get_positions(request: Request, bbox: str | None = Query(None, examples=["8.
         features.append({"type": "Feature", "id": device_id,
                          "geometry": {"type": "Point", "coordinates": [pos["lon"], pos["lat"]]},
                          "properties": {"device_id": device_id, "herd": device_herd, "ts": iso(pos["ts"]),
-                                        "battery": pos.get("battery"), "fences": pos.get("fences", [])}})
+                                        "battery": pos.get("battery"),
+                                        "fences": [f for f in pos.get("fences", []) if f not in closed]}})
     return {"type": "FeatureCollection", "features": features}
 
 

@@ -4,7 +4,8 @@ push: N fences (bulk-loaded), D devices, M simulated points streamed into gps.re
   possible through the real job; sustained points/s end to end (first report produced → the job's
   heartbeat counts all M), event latency (Redis stream id of the event = when it became visible,
   minus the wall time its confirming report was produced), the vectorized limit of the same
-  membership work in this process, and lost/duplicated events against the oracle (loadgen.truth).
+  membership work in this process, and lost/duplicated events against the oracle (loadgen.reference:
+  inferred and late events included).
 pull: concurrent keep-alive clients on GET /v1/fences/{id}/devices and POST /v1/query/within.
 """
 from __future__ import annotations
@@ -67,20 +68,27 @@ def vectorized_limit_points_per_s(fences, lon: np.ndarray, lat: np.ndarray, repe
 WARMUP_REPORTS_PER_DEVICE = 20
 
 
+# --tracks: "dense" = a fix every ~30 s, in order; "sparse" = collars saving battery, a fix every 5–15
+# min, 5% of them buffered out of coverage and uploaded late (inferred crossings, late excursions)
+TRACKS = {"dense": {}, "sparse": {"report_interval_s": 600.0, "interval_jitter": 0.5, "late_fraction": 0.05}}
+
+
 def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, fences_per_farm: int = 12,
          progress: bool = True, plot: bool = True, command: str = "", keep_stack: bool = False,
-         rate: float | None = None) -> dict:
+         rate: float | None = None, tracks: str = "dense") -> dict:
     """`rate`: reports/s offered to Kafka (None: as fast as the producer can). Flooded, points/s is the
     job's drain rate and the latency is mostly queueing behind the backlog; paced below the drain rate,
     the latency is the job's own (report sent → event visible)."""
     from loadgen import plots
     from loadgen.bench_load import handled, load_simulation, read_events, stream_and_wait
     from loadgen.herd import SimConfig, simulate
-    from loadgen.truth import expected_events, reconcile
+    from loadgen.reference import expected_events
+    from loadgen.truth import reconcile
 
     t = time.perf_counter()
-    say(f"simulating {fences} fences, {devices} devices, {points} points (seed {seed})")
-    sim = simulate(SimConfig.for_totals(fences, points, devices, seed=seed, fences_per_farm=fences_per_farm))
+    say(f"simulating {fences} fences, {devices} devices, {points} points, {tracks} tracks (seed {seed})")
+    sim = simulate(SimConfig.for_totals(fences, points, devices, seed=seed, fences_per_farm=fences_per_farm,
+                                        **TRACKS[tracks]))
     sim_s = time.perf_counter() - t
     lon, lat = sim.reports["lon"].to_numpy(float), sim.reports["lat"].to_numpy(float)
     say("measuring the vectorized limit (H3 + STRtree/shapely, one process)")
@@ -120,7 +128,7 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         lat_ms = (m["visible_ms"] - m["sent_ms"]).dropna().to_numpy(float)
 
     # correctness: back to simulator ids, against the oracle
-    say("reconciling events with the oracle (loadgen.truth)")
+    say("reconciling events with the oracle (loadgen.reference)")
     t = time.perf_counter()
     expected = expected_events(sim.reports, sim.fences, sim.device_farm)
     truth_s = time.perf_counter() - t
@@ -144,6 +152,8 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         "vectorized_limit_points_per_s": round(limit, 1),
         "ratio_to_limit": round(pps / limit, 4) if limit else None,
         "events": rec["events"], "lost": rec["lost"], "duplicated": rec["duplicated"],
+        "tracks": tracks,
+        "expected_inferred": int(expected["inferred"].sum()), "expected_late": int(expected["late"].sum()),
         # beyond the contract
         "observed_events": rec["observed"], "unexpected_events": rec["unexpected"],
         "latency_matched_events": int(len(lat_ms)),
@@ -316,6 +326,8 @@ def main(argv: list[str]) -> int:
     ps.add_argument("--keep-stack", action="store_true", help="leave a private stack running")
     ps.add_argument("--rate", type=float, default=None, metavar="R",
                     help="pace the producer at R reports/s (default: as fast as it can, a flood)")
+    ps.add_argument("--tracks", choices=sorted(TRACKS), default="dense",
+                    help="dense: a fix every ~30 s; sparse: every 5-15 min, 5%% uploaded late")
     pl = sub.add_parser("pull", help="pull benchmark (API queries)")
     pl.add_argument("--fences", type=int, required=True)
     pl.add_argument("--devices", type=int, required=True)
@@ -361,7 +373,7 @@ def main(argv: list[str]) -> int:
     if args.what == "push":
         out = push(args.fences, args.points, args.devices, args.json, seed=args.seed,
                    fences_per_farm=args.fences_per_farm, plot=not args.no_plot, command=cmd,
-                   keep_stack=args.keep_stack, rate=args.rate)
+                   keep_stack=args.keep_stack, rate=args.rate, tracks=args.tracks)
     elif args.what == "failover":
         from loadgen.bench_failover import failover
         out = failover(args.rate, args.devices, args.fences, args.json, steady_s=args.steady_seconds,

@@ -223,7 +223,8 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
     from fencing.elastic import controller as elastic, routing
     from fencing.model.redis_conn import cluster
     from loadgen.herd import simulate
-    from loadgen.truth import expected_events, reconcile
+    from loadgen.reference import expected_events  # inferred and late events too
+    from loadgen.truth import reconcile
 
     if private:
         home = Path(tempfile.mkdtemp(prefix="herdfence-elastic-"))

@@ -72,6 +72,9 @@ class SimConfig:
     steps: int = 120                                    # reports per device (before silence)
     points: int | None = None                           # exact number of reports; overrides steps
     report_interval_s: float = 30.0
+    interval_jitter: float = 0.2                        # per-report jitter, fraction of the interval
+    late_fraction: float = 0.0                          # reports buffered by the collar, uploaded late
+    late_block: tuple[int, int] = (4, 12)               # fixes per buffered block (out of coverage)
     start_ms: int = 1_735_689_600_000                   # 2025-01-01T00:00:00Z: fixed, so runs repeat
     farm_spacing_m: float = 4_000.0
     water_points_per_farm: int = 3
@@ -103,7 +106,8 @@ class Simulation:
     device_ids: np.ndarray                              # (D,) str
     device_farm: dict[str, str]
     device_herd: dict[str, str]
-    reports: pd.DataFrame                               # device_id, ts, lat, lon, battery; sorted by ts
+    reports: pd.DataFrame                               # device_id, ts, lat, lon, battery; arrival order (ts
+                                                        # order unless some were uploaded late)
     silent_devices: list[str] = field(default_factory=list)
 
     def fences_of(self, farm_id: str) -> list[Fence]:
@@ -314,6 +318,31 @@ def _walk(cfg: SimConfig, farms: list[Farm], dev_herd: np.ndarray, steps: int,
     return xy
 
 
+def late_uploads(reports: pd.DataFrame, fraction: float, block: tuple[int, int],
+                 rng: np.random.Generator) -> pd.DataFrame:
+    """Rows reordered into arrival order when about `fraction` of the fixes were buffered by their
+    collar (blocks of `block` consecutive fixes of a device, out of coverage) and uploaded right after
+    the device's next fix, which arrives first: those fixes reach the job late. `reports` is sorted by
+    ts; the result is sorted by arrival (rows keep their ts)."""
+    if not len(reports):
+        return reports
+    dev = reports["device_id"].to_numpy()
+    by_device = pd.Series(np.arange(len(reports))).groupby(dev, sort=False).indices
+    arrival = reports["ts"].to_numpy(np.int64).astype(np.float64)
+    mean_block = (block[0] + block[1]) / 2
+    for rows in by_device.values():                   # rows of one device, in ts order
+        n = len(rows)
+        starts = np.flatnonzero(rng.random(n) < fraction / mean_block)
+        for s in starts.tolist():
+            e = min(n - 1, s + int(rng.integers(block[0], block[1] + 1)))   # rows[e]: back in coverage
+            if e <= s:
+                continue
+            # the block arrives just after the fix that ends it, in its own order
+            arrival[rows[s:e]] = arrival[rows[e]] + 0.001 * (1 + np.arange(e - s)) / (e - s + 1)
+    order = np.argsort(arrival, kind="stable")
+    return reports.iloc[order].reset_index(drop=True)
+
+
 def simulate(cfg: SimConfig = SimConfig()) -> Simulation:
     fence_ss, herd_ss = np.random.SeedSequence(cfg.seed).spawn(2)
     farms, fences = make_farms_and_fences(cfg, np.random.default_rng(fence_ss))
@@ -343,7 +372,7 @@ def simulate(cfg: SimConfig = SimConfig()) -> Simulation:
     # timestamps: a per-device phase plus per-report jitter, strictly increasing per device
     interval_ms = int(round(dt * 1000))
     phase = rng.integers(0, max(1, int(interval_ms * 0.8)), D)
-    jitter = rng.integers(0, max(1, int(interval_ms * 0.2)), (steps, D))
+    jitter = rng.integers(0, max(1, int(interval_ms * cfg.interval_jitter)), (steps, D))
     ts = cfg.start_ms + np.arange(steps)[:, None] * interval_ms + phase[None, :] + jitter
 
     # battery drains; silent devices die at a random step and stop reporting
@@ -368,6 +397,8 @@ def simulate(cfg: SimConfig = SimConfig()) -> Simulation:
         "lon": lon,
         "battery": battery[alive][order],
     })
+    if cfg.late_fraction > 0:
+        reports = late_uploads(reports, cfg.late_fraction, cfg.late_block, np.random.default_rng([cfg.seed, 21]))
     herd_names = [f"{farms[h // Hf].farm_id}-{HERD_NAMES[(h % Hf) % len(HERD_NAMES)]}" for h in range(F * Hf)]
     return Simulation(
         config=cfg, farms=farms, fences=fences, device_ids=device_ids,

@@ -33,7 +33,8 @@ from fencing.model.heartbeat import Heartbeat, read_heartbeat
 
 from loadgen.herd import SimConfig, simulate
 from loadgen.records import Pacer
-from loadgen.truth import expected_events, reconcile
+from loadgen.reference import expected_events  # inferred and late events too
+from loadgen.truth import reconcile
 
 
 def _rss_mb(pgid: int | None) -> float:

@@ -15,7 +15,8 @@ import pandas as pd
 
 from fencing.model.heartbeat import Heartbeat, read_heartbeat
 from loadgen.herd import SimConfig, simulate
-from loadgen.truth import expected_events, reconcile
+from loadgen.reference import expected_events  # inferred and late events too
+from loadgen.truth import reconcile
 
 
 def read_pid(home: Path | str, name: str) -> int | None:

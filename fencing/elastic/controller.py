@@ -470,17 +470,21 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
     in this batch: the device's stored state has no pending streak and no dwell still to come; the
     report's res-9 cell is a boundary cell of no fence (so membership is exact from the cells: inside
     the fences whose interior holds the cell, outside all others); that membership (the device's farm's
-    fences) equals the confirmed inside set. Such a report resets no streak and flips nothing, so its
+    fences) equals the confirmed inside set; no confirmed fence has warn_m or an active window; the
+    report is newer than every earlier one (a late fix is replayed, never shed); and the segments from
+    the last kept fix to it, from it to the next report, and from the last kept fix to the next report
+    are all shorter than `crossings.MIN_SEGMENT_M`, so no segment with or without it implies a crossing. Such a report resets no streak and flips nothing, so its
     only effect would be the position, which the device's last report of the batch (never shed)
     overwrites. A report that could produce an event is never shed. Reports are taken in arrival order
     and the state before batch `version` ("<run id>:<batch id>", `ProcessContext.version`) is read with
     the process stage's own reader (transitions.state_before), so a replayed batch sheds exactly what
     it shed the first time."""
+    from fencing.model.crossings import MIN_SEGMENT_M, segment_length_m
     from fencing.stream.fence_cache import process_cache
     from fencing.model.transitions import DeviceState, state_before
     if not batch.num_rows:
         return batch, 0
-    frame = batch.select(["farm_id", "device_id", "ts", "cell", "grp"]).to_pandas()
+    frame = batch.select(["farm_id", "device_id", "ts", "cell", "grp", "lat", "lon"]).to_pandas()
     frame["dkey"] = frame["farm_id"] + "/" + frame["device_id"]
     frame["row"] = np.arange(len(frame))
     frame = frame.sort_values("dkey", kind="stable")        # per device, arrival order (as processed)
@@ -507,6 +511,12 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
     last_rows = set(last["row"].tolist())
     drop = np.zeros(len(batch), dtype=bool)
     cells = frame["cell"].to_numpy().astype(np.int64).view(np.uint64).tolist()
+    ts, lat, lon = frame["ts"].tolist(), frame["lat"].tolist(), frame["lon"].tolist()
+
+    def short(a: int | None, b: int | tuple) -> bool:
+        (la0, lo0), (la1, lo1) = (b if isinstance(b, tuple) else (lat[b], lon[b])), (lat[a], lon[a])
+        return float(segment_length_m(lo0, la0, lo1, la1)) < MIN_SEGMENT_M
+
     for d, rows in frame.groupby("dkey", sort=False).indices.items():
         raw = states.get(d)
         if raw is None:
@@ -518,8 +528,13 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
         if any(cache.rules.get(u) and cache.rules[u].dwell_seconds and not state.fences[u].dwelled
                for u in confirmed):
             continue
+        if any(cache.rules.get(u) and cache.rules[u].watched for u in confirmed):
+            continue
+        if state.last_ts is None or state.last_lat is None:
+            continue
+        kept, newest = (state.last_lat, state.last_lon), state.last_ts
         farm = d.partition("/")[0]
-        for i in rows:
+        for k, i in enumerate(rows):
             row = int(frame["row"].iat[i])
             if row in last_rows:
                 break
@@ -529,6 +544,10 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
             member = {u for u in interior.get(c, ()) if cache.fence_farm.get(u) == farm}
             if member != confirmed:
                 break
+            following = rows[k + 1]            # exists: the device's last report is never shed
+            if ts[i] <= newest or not (short(i, kept) and short(following, i) and short(following, kept)):
+                break
+            newest = ts[i]
             drop[row] = True
     shed = int(drop.sum())
     return (batch.filter(pa.array(~drop)) if shed else batch), shed

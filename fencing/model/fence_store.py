@@ -13,6 +13,7 @@ import shapely
 from fencing.model import keys, notify
 from fencing.model.geometry import FenceError, cover, groups_of, parse_fence_geometry
 from fencing.model.h3util import cell_to_str
+from fencing.model.timeutil import iso, to_ms
 
 DEFAULT_DEBOUNCE_REPORTS = 2
 DEFAULT_DEBOUNCE_SECONDS = 30.0
@@ -21,10 +22,26 @@ DELETED_FENCES = "fences:deleted"   # set of fence uids; the job drops their sta
 
 @dataclass(frozen=True)
 class FenceRules:
-    """Per-fence event rules (GeoJSON properties override the defaults)."""
+    """Per-fence event rules (GeoJSON properties override the defaults). `warn_m`: APPROACH distance
+    in metres (0 = off); `active_from`/`active_to`: the fence's window in epoch ms (None = open)."""
     debounce_reports: int = DEFAULT_DEBOUNCE_REPORTS
     debounce_seconds: float = DEFAULT_DEBOUNCE_SECONDS
     dwell_seconds: float | None = None
+    warn_m: float = 0.0
+    active_from: int | None = None
+    active_to: int | None = None
+    # derived once (the state machine asks per report and fence): has a window / anything per report
+    windowed: bool = field(init=False, compare=False, repr=False)
+    watched: bool = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        windowed = self.active_from is not None or self.active_to is not None
+        object.__setattr__(self, "windowed", windowed)
+        object.__setattr__(self, "watched", windowed or bool(self.warn_m))
+
+    def active(self, t: int) -> bool:
+        """Whether the fence exists at time t (ms): from `active_from` on, before `active_to`."""
+        return (self.active_from is None or t >= self.active_from) and (self.active_to is None or t < self.active_to)
 
     @classmethod
     def from_properties(cls, props: dict) -> "FenceRules":
@@ -39,12 +56,40 @@ class FenceRules:
             if not lo <= value <= hi:
                 raise FenceError(f"properties.{name} must be within [{lo}, {hi}]")
             return value
+
+        def moment(name):
+            value = props.get(name)
+            if value is None:
+                return None
+            try:
+                return to_ms(value)
+            except (ValueError, OverflowError) as err:
+                raise FenceError(f"properties.{name} must be an ISO 8601 time or epoch milliseconds ({err})") from None
         reports = number("debounce_reports", 1, 100, integer=True)
         seconds = number("debounce_seconds", 0, 86400)
         dwell = number("dwell_seconds", 1, 30 * 86400)
+        warn = number("warn_m", 0, 10_000)
+        start, end = moment("active_from"), moment("active_to")
+        if start is not None and end is not None and end <= start:
+            raise FenceError("properties.active_to must be later than properties.active_from")
         return cls(int(reports) if reports is not None else DEFAULT_DEBOUNCE_REPORTS,
                    float(seconds) if seconds is not None else DEFAULT_DEBOUNCE_SECONDS,
-                   float(dwell) if dwell is not None else None)
+                   float(dwell) if dwell is not None else None,
+                   float(warn) if warn is not None else 0.0, start, end)
+
+    def record_fields(self) -> dict:
+        """The rules as stored in a fence's cell-group records (what the job's fence cache reads)."""
+        return {"debounce_reports": self.debounce_reports, "debounce_seconds": self.debounce_seconds,
+                "dwell_seconds": self.dwell_seconds, "warn_m": self.warn_m,
+                "active_from": self.active_from, "active_to": self.active_to}
+
+    def normalized(self, props: dict) -> dict:
+        """The Feature's properties with the window as ISO 8601 UTC strings (responses say times so)."""
+        out = dict(props)
+        for name, value in (("active_from", self.active_from), ("active_to", self.active_to)):
+            if value is not None:
+                out[name] = iso(value)
+        return out
 
 
 @dataclass
@@ -83,7 +128,7 @@ def validate_feature(feature) -> ValidFence:
     geom = parse_fence_geometry(feature.get("geometry"))
     fence_cover = cover(geom)
     fence = ValidFence(
-        feature={"type": "Feature", "geometry": feature["geometry"], "properties": dict(props)},
+        feature={"type": "Feature", "geometry": feature["geometry"], "properties": rules.normalized(props)},
         geometry=geom, rules=rules, interior=fence_cover.interior, boundary=fence_cover.boundary)
     fence.groups = _split_by_group(fence_cover.interior, fence_cover.boundary)
     reason = fence_cost_error(fence)
@@ -140,14 +185,9 @@ def save_fence(redis, farm_id: str, fence_id: str, fence: ValidFence) -> dict:
     feature = {**fence.feature, "id": fence_id}
     feature["properties"] = {**feature["properties"], "version": version,
                              "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    wkb = shapely.to_wkb(fence.geometry, hex=True)
     rules = fence.rules
     pipe = redis.pipeline()
-    for group, (interior, boundary) in fence.groups.items():
-        record = {"uid": uid, "farm": farm_id, "fid": fence_id, "ver": version, "wkb": wkb,
-                  "interior": interior, "boundary": boundary,
-                  "debounce_reports": rules.debounce_reports, "debounce_seconds": rules.debounce_seconds,
-                  "dwell_seconds": rules.dwell_seconds}
+    for group, record in group_records(farm_id, fence_id, version, fence).items():
         pipe.hset(keys.group_fences(group), uid, orjson.dumps(record))
         pipe.incr(keys.group_version(group))
     stale = set(previous["groups"]) - set(fence.groups) if previous else set()
@@ -157,12 +197,38 @@ def save_fence(redis, farm_id: str, fence_id: str, fence: ValidFence) -> dict:
     pipe.set(keys.fence(farm_id, fence_id),
              orjson.dumps({"feature": feature, "version": version, "groups": sorted(fence.groups)}))
     pipe.sadd(keys.farm_fences(farm_id), fence_id)
+    _set_window(pipe, farm_id, fence_id, rules)
     if fence.groups:
         pipe.sadd(keys.FENCE_GROUPS, *fence.groups)
     pipe.srem(DELETED_FENCES, uid)
     pipe.execute()
     notify.live_changed(redis, [farm_id])
     return feature
+
+
+def group_records(farm_id: str, fence_id: str, version: int, fence: ValidFence) -> dict[str, dict]:
+    """The compact record of the fence per cell group it touches: what the job's fence cache loads."""
+    uid = fence_uid(farm_id, fence_id)
+    wkb = shapely.to_wkb(fence.geometry, hex=True)
+    rules = fence.rules.record_fields()
+    return {group: {"uid": uid, "farm": farm_id, "fid": fence_id, "ver": version, "wkb": wkb,
+                    "interior": interior, "boundary": boundary, **rules}
+            for group, (interior, boundary) in fence.groups.items()}
+
+
+def window_text(rules: FenceRules) -> str | None:
+    """A fence's window as stored in the farm's window hash ("from,to", empty = open), None without one."""
+    if not rules.windowed:
+        return None
+    return f"{'' if rules.active_from is None else rules.active_from},{'' if rules.active_to is None else rules.active_to}"
+
+
+def _set_window(pipe, farm_id: str, fence_id: str, rules: FenceRules) -> None:
+    text = window_text(rules)
+    if text is None:
+        pipe.hdel(keys.fence_windows(farm_id), fence_id)
+    else:
+        pipe.hset(keys.fence_windows(farm_id), fence_id, text)
 
 
 def load_fence(redis, farm_id: str, fence_id: str) -> dict | None:
@@ -191,6 +257,7 @@ def delete_fence(redis, farm_id: str, fence_id: str) -> bool:
     pipe.delete(keys.fence(farm_id, fence_id))
     pipe.srem(keys.farm_fences(farm_id), fence_id)
     pipe.delete(keys.members(farm_id, fence_id))
+    pipe.hdel(keys.fence_windows(farm_id), fence_id)
     pipe.execute()
     notify.live_changed(redis, [farm_id])   # cached "who is inside" answers of the fence are gone
     return True
@@ -225,7 +292,7 @@ def validate_features_bulk(features: list) -> list:
     covers = _bulk_covers(geoms)
     for (i, feature, geom, rules), (interior, boundary, groups) in zip(parsed, covers):
         fence = ValidFence(feature={"type": "Feature", "geometry": feature["geometry"],
-                                    "properties": dict(feature["properties"])},
+                                    "properties": rules.normalized(feature["properties"])},
                            geometry=geom, rules=rules, interior=interior, boundary=boundary, groups=groups)
         reason = fence_cost_error(fence)
         out[i] = FenceError(reason) if reason else fence
@@ -362,7 +429,8 @@ def save_fences_bulk(redis, farm_id: str | None, fences, chunk: int = 5_000) -> 
         for (farm, ks), raws in zip(by_farm.items(), pipe.execute()):
             for k, raw in zip(ks, raws):
                 previous[k] = orjson.loads(raw) if raw else None
-        group_records: dict[str, dict[str, bytes]] = {}
+        pipe_windows = redis.pipeline()
+        by_group: dict[str, dict[str, bytes]] = {}
         group_drops: dict[str, list[str]] = {}
         farm_docs: dict[str, dict[str, bytes]] = {}
         uids = []
@@ -373,32 +441,30 @@ def save_fences_bulk(redis, farm_id: str | None, fences, chunk: int = 5_000) -> 
             version = (prev["version"] + 1) if prev else 1
             feature = {**fence.feature, "id": fence_id}
             feature["properties"] = {**feature["properties"], "version": version, "updated": stamp}
-            wkb = shapely.to_wkb(fence.geometry, hex=True)
             rules = fence.rules
-            for group, (interior, boundary) in fence.groups.items():
-                record = {"uid": uid, "farm": farm, "fid": fence_id, "ver": version, "wkb": wkb,
-                          "interior": interior, "boundary": boundary,
-                          "debounce_reports": rules.debounce_reports,
-                          "debounce_seconds": rules.debounce_seconds, "dwell_seconds": rules.dwell_seconds}
-                group_records.setdefault(group, {})[uid] = orjson.dumps(record)
+            for group, record in group_records(farm, fence_id, version, fence).items():
+                by_group.setdefault(group, {})[uid] = orjson.dumps(record)
             for group in (set(prev["groups"]) - set(fence.groups)) if prev else ():
                 group_drops.setdefault(group, []).append(uid)
+            if rules.windowed or prev:          # a new fence without a window has nothing to clear
+                _set_window(pipe_windows, farm, fence_id, rules)
             farm_docs.setdefault(farm, {})[keys.fence(farm, fence_id)] = orjson.dumps(
                 {"feature": feature, "version": version, "groups": sorted(fence.groups)})
             saved.append(feature)
         pipe = redis.pipeline()
-        for group, mapping in group_records.items():
+        for group, mapping in by_group.items():
             pipe.hset(keys.group_fences(group), mapping=mapping)
         for group, drop in group_drops.items():
             pipe.hdel(keys.group_fences(group), *drop)
-        for group in set(group_records) | set(group_drops):
+        for group in set(by_group) | set(group_drops):
             pipe.incr(keys.group_version(group))
-        if group_records:
-            pipe.sadd(keys.FENCE_GROUPS, *group_records)
+        if by_group:
+            pipe.sadd(keys.FENCE_GROUPS, *by_group)
         for farm, docs in farm_docs.items():
             pipe.execute_command("MSET", *[x for kv in docs.items() for x in kv])
             pipe.sadd(keys.farm_fences(farm), *[key.rsplit(":", 1)[1] for key in docs])
         pipe.srem(DELETED_FENCES, *uids)
         pipe.execute()
+        pipe_windows.execute()
         notify.live_changed(redis, farm_docs)
     return saved

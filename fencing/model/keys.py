@@ -115,3 +115,9 @@ def event_data(farm_id: str) -> str:
 def event_stream(farm_id: str) -> str:
     """Redis stream of the farm's events in the order they were first written (SSE reads it)."""
     return f"evstream:{{{farm_id}}}"
+
+
+def fence_windows(farm_id: str) -> str:
+    """hash fence_id -> "from,to" (epoch ms, empty = open) for the farm's fences that have an active
+    window: member listings answer nothing outside it (by wall clock)."""
+    return f"windows:{{{farm_id}}}"

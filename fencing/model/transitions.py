@@ -1,9 +1,14 @@
-"""Per-device fence state machine: debounced ENTER/EXIT (and DWELL), deterministic event ids.
+"""Per-device fence state machine: debounced ENTER/EXIT (and DWELL, APPROACH), inferred crossings,
+deterministic event ids.
 
 For each (device, fence) a confirmed state (initially outside) and a streak of reports that contradict
 it. A streak of `debounce_reports` reports, or one lasting `debounce_seconds` of report time, flips the
 confirmed state and emits the event, stamped with the confirming report's time. Reports older than the
 device's last processed report, or repeating it exactly, are skipped: state never rewinds.
+A fence outside its active window does not exist for a report: its state is dropped without an event.
+APPROACH: a confirmed-inside device whose report lies within `warn_m` of the boundary, once armed
+(armed by a report deeper inside than `warn_m`). Inferred crossings (`crossings.implied`) are checked
+against the state before each report's step and never change it.
 """
 from __future__ import annotations
 
@@ -13,9 +18,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from fencing.model.crossings import Segment, implied
 from fencing.model.fence_store import FenceRules
 
 DEFAULT_RULES = FenceRules()
+EMPTY: frozenset[str] = frozenset()
+LATE_HORIZON_MS = 24 * 3600 * 1000      # late fixes older than this (before the last processed one) are not replayed
+MAX_STAYS = 8                           # ended stays kept per device for late fixes (state size)
 
 
 @dataclass
@@ -25,13 +34,14 @@ class FenceState:
     streak_t0: int = 0
     since: int | None = None
     dwelled: bool = False
+    armed: bool = False          # APPROACH: the device was deeper inside than warn_m since its last one
 
     def to_list(self) -> list:
-        return [int(self.inside), self.streak, self.streak_t0, self.since, int(self.dwelled)]
+        return [int(self.inside), self.streak, self.streak_t0, self.since, int(self.dwelled), int(self.armed)]
 
     @classmethod
     def from_list(cls, v: list) -> "FenceState":
-        return cls(bool(v[0]), int(v[1]), int(v[2]), v[3], bool(v[4]))
+        return cls(bool(v[0]), int(v[1]), int(v[2]), v[3], bool(v[4]), bool(v[5]) if len(v) > 5 else False)
 
 
 @dataclass
@@ -43,17 +53,54 @@ class DeviceState:
     cell: str | None = None                       # res-7 cell of the latest position (pull index)
     fences: dict[str, FenceState] = field(default_factory=dict)
     seen: int | None = None                       # arrival (ms) last written to the last-seen index
+    accuracy: float | None = None                 # accuracy_m of the last processed report, if it said
+    # what late fixes are judged against (fencing.model.late), all bounded: the confirmed stays that
+    # ended in the last 24 h (uid, from, to), the time from which they are complete, the late fixes
+    # kept (ts, lat, lon, fences), and the late events already emitted (id, ts)
+    stays: list = field(default_factory=list)
+    known_from: int | None = None
+    late: list = field(default_factory=list)
+    emitted: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"t": self.last_ts, "la": self.last_lat, "lo": self.last_lon, "bt": self.battery, "c": self.cell,
-                "f": {u: s.to_list() for u, s in self.fences.items()}, "sn": self.seen}
+        out = {"t": self.last_ts, "la": self.last_lat, "lo": self.last_lon, "bt": self.battery, "c": self.cell,
+               "f": {u: s.to_list() for u, s in self.fences.items()}, "sn": self.seen}
+        if self.accuracy is not None:
+            out["ac"] = self.accuracy
+        if self.known_from is not None:
+            out["kf"] = self.known_from
+        if self.stays:      # times stored as ms before the last report: short numbers in every write
+            last = self.last_ts or 0
+            out["st"] = [[u, last - a, last - b] for u, a, b in self.stays]
+        for key, value in (("lf", self.late), ("em", self.emitted)):
+            if value:
+                out[key] = value
+        return out
 
     @classmethod
     def from_dict(cls, d: dict | None) -> "DeviceState":
         if not d:
             return cls()
-        return cls(d.get("t"), d.get("la"), d.get("lo"), d.get("bt"), d.get("c"),
-                   {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()}, d.get("sn"))
+        state = cls(d.get("t"), d.get("la"), d.get("lo"), d.get("bt"), d.get("c"),
+                    {u: FenceState.from_list(v) for u, v in d.get("f", {}).items()}, d.get("sn"), d.get("ac"),
+                    known_from=d.get("kf"))
+        if "st" in d or "lf" in d or "em" in d:     # stored only when there are some
+            last = state.last_ts or 0
+            state.stays = [[u, last - a, last - b] for u, a, b in d.get("st") or ()]
+            state.late, state.emitted = d.get("lf") or [], d.get("em") or []
+        return state
+
+    def close_stay(self, uid: str, since: int | None, t: int) -> None:
+        """A confirmed stay in `uid` ended at t (EXIT, or its window closed): kept for late fixes,
+        24 h and MAX_STAYS at most (what falls off moves `known_from` on). Stays end in time order."""
+        if since is None:
+            return
+        stays = self.stays
+        stays.append([uid, since, t])
+        while len(stays) > MAX_STAYS or stays[0][2] < t - LATE_HORIZON_MS:
+            gone = stays.pop(0)
+            if self.known_from is not None:
+                self.known_from = max(self.known_from, gone[2])
 
     def inside_fences(self) -> list[str]:
         return sorted(u for u, s in self.fences.items() if s.inside)
@@ -64,14 +111,24 @@ class DeviceState:
         if self.last_ts is not None:
             if t < self.last_ts or (t == self.last_ts and (lat, lon) == (self.last_lat, self.last_lon)):
                 return False
+        if self.known_from is None:       # stays are complete from here on (see `take`)
+            self.known_from = t if self.last_ts is None else self.last_ts
         self.last_ts, self.last_lat, self.last_lon = t, lat, lon
         return True
+
+    def take(self, t: int, lat: float, lon: float) -> None:
+        """Make (t, lat, lon) the last processed report. Stays are complete from the first one on (a
+        state from before stays were kept: from its last report)."""
+        if self.known_from is None:
+            self.known_from = t if self.last_ts is None else self.last_ts
+        self.last_ts, self.last_lat, self.last_lon = t, lat, lon
 
 
 @dataclass(frozen=True)
 class Advanced:
     events: list["Event"]
     last: int            # index of the last report that counted, -1 when none did
+    dropped: list[tuple[str, int]] = field(default_factory=list)   # (uid, ts): left members silently
 
 
 @dataclass(frozen=True)
@@ -84,6 +141,8 @@ class Event:
     ts: int
     lat: float
     lon: float
+    inferred: bool = False       # implied by the segment between two fixes
+    late: bool = False           # revealed by a fix older than the device's last processed one
 
 
 def state_before(record: dict | None, version: str) -> dict | None:
@@ -97,51 +156,116 @@ def state_before(record: dict | None, version: str) -> dict | None:
     return record.get("p") if record.get("b") == version else record.get("s")
 
 
-def event_id(fence_uid: str, device_id: str, kind: str, ts: int) -> str:
-    return hashlib.sha1(f"{fence_uid}|{device_id}|{kind}|{ts}".encode()).hexdigest()[:24]
+def event_id(fence_uid: str, device_id: str, kind: str, ts: int, tag: str = "") -> str:
+    """sha of fence, device, kind, ts (and "inferred"/"late" for those): a replay makes the same id."""
+    text = f"{fence_uid}|{device_id}|{kind}|{ts}" + (f"|{tag}" if tag else "")
+    return hashlib.sha1(text.encode()).hexdigest()[:24]
+
+
+def make_event(uid: str, device_id: str, kind: str, t: int, lat: float, lon: float,
+               inferred: bool = False, late: bool = False) -> Event:
+    farm_id, _, fence_id = uid.partition("/")
+    tag = "inferred" if inferred else ("late" if late else "")
+    return Event(event_id(uid, device_id, kind, t, tag), kind, farm_id, device_id, fence_id, t, lat, lon,
+                 inferred, late)
 
 
 def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float], lon: list[float],
             matched: list[frozenset[str]], rules: dict[str, FenceRules], deleted: set[str],
-            uniform: bool | None = None, last_accepted: int | None = None) -> Advanced:
+            uniform: bool | None = None, last_accepted: int | None = None,
+            near: list[frozenset[str]] | None = None, segments: dict[int, Segment] | None = None) -> Advanced:
     """Apply one device's reports (in arrival order) to its state in place. `uniform`: whether every
     report matched the same fences, when the caller knows (it computed that for a whole batch).
     `last_accepted`: the index of the last report `DeviceState.accept` takes (-1: none), when the
     caller computed it for the whole batch (`last_accepted_reports`): a steady device then skips
-    the per-report loop."""
+    the per-report loop. `near`: per report, the matched fences whose boundary is within their
+    warn_m (None: none anywhere). `segments`: report index → the segment from the previous
+    processed fix to it, with the fences to check for inferred crossings (the caller found them)."""
     settled = _settled(state, rules, deleted)
-    steady = uniform is not False and settled is not None and (
+    steady = uniform is not False and settled is not None and not segments and (
         not matched or (matched[0] == settled if uniform else all(m == settled for m in matched)))
     if steady and last_accepted is not None:
         if last_accepted >= 0:
-            state.last_ts, state.last_lat, state.last_lon = ts[last_accepted], lat[last_accepted], lon[last_accepted]
+            if state.known_from is None:
+                state.take(ts[0], lat[0], lon[0])       # a new device's first report is always taken
+            state.take(ts[last_accepted], lat[last_accepted], lon[last_accepted])
         return Advanced([], last_accepted)
     events: list[Event] = []
+    dropped: list[tuple[str, int]] = []
     last = -1
     for i, (t, la, lo, inside_now) in enumerate(zip(ts, lat, lon, matched)):
         if not state.accept(t, la, lo):
             continue
         last = i
+        if segments and i in segments:
+            infer_crossings(state, device_id, segments[i], inside_now, rules, deleted, la, lo, events)
         if settled is not None and inside_now == settled:
             continue            # agrees with the confirmed state, nothing pending or timed: no change
-        step_report(state, device_id, t, la, lo, inside_now, rules, deleted, events)
+        step_report(state, device_id, t, la, lo, inside_now, rules, deleted, events,
+                    near[i] if near is not None else EMPTY, dropped)
         settled = _settled(state, rules, deleted)
-    return Advanced(events, last)
+    return Advanced(events, last, dropped)
+
+
+def infer_crossings(state: DeviceState, device_id: str, segment: Segment, inside_now: frozenset[str],
+                    rules: dict[str, FenceRules], deleted: set[str], lat: float, lon: float,
+                    events: list[Event]) -> None:
+    """Implied events of the segment ending at this report, judged on the state before its step: a
+    fence the device is not in at all (no state) and this report is outside, or one it is confirmed
+    inside with nothing pending and this report is inside. Each event needs the fence active at its
+    time; the events carry this report's position."""
+    for uid, stretches in segment.fences:
+        if uid in deleted:
+            continue
+        fence_state = state.fences.get(uid)
+        if fence_state is None and uid not in inside_now:
+            both_inside = False
+        elif fence_state is not None and fence_state.inside and not fence_state.streak and uid in inside_now:
+            both_inside = True
+        else:
+            continue
+        rule = rules.get(uid, DEFAULT_RULES)
+        found = implied(segment, stretches, both_inside)
+        for k in range(0, len(found), 2):
+            (kind_a, t_a), (kind_b, t_b) = found[k], found[k + 1]
+            if rule.active(t_a) and rule.active(t_b):
+                events += [make_event(uid, device_id, kind_a, t_a, lat, lon, inferred=True),
+                           make_event(uid, device_id, kind_b, t_b, lat, lon, inferred=True)]
 
 
 def step_report(state: DeviceState, device_id: str, t: int, lat: float, lon: float, inside_now: frozenset[str],
-                rules: dict[str, FenceRules], deleted: set[str], events: list[Event]) -> None:
+                rules: dict[str, FenceRules], deleted: set[str], events: list[Event],
+                near: frozenset[str] = frozenset(), dropped: list[tuple[str, int]] | None = None) -> None:
     """The rule for one counting report: every fence it or the state names takes a step (its events
-    appended to `events`); deleted fences are forgotten."""
+    appended to `events`); deleted fences are forgotten, fences outside their window too (a confirmed
+    member goes to `dropped`). `near`: the fences whose boundary the report is within warn_m of."""
     for uid in sorted(inside_now | state.fences.keys()):
         if uid in deleted:
             state.fences.pop(uid, None)
             continue
+        rule = rules.get(uid, DEFAULT_RULES)
+        watched = rule.watched
+        if watched and rule.windowed and not rule.active(t):
+            gone = state.fences.pop(uid, None)
+            if gone is not None and gone.inside:
+                state.close_stay(uid, gone.since, t)
+                if dropped is not None:
+                    dropped.append((uid, t))
+            continue
         fence_state = state.fences.get(uid) or FenceState()
-        kind = _step(fence_state, uid in inside_now, t, rules.get(uid, DEFAULT_RULES))
+        since = fence_state.since
+        kind = _step(fence_state, uid in inside_now, t, rule)
         if kind:
-            farm_id, _, fence_id = uid.partition("/")
+            farm_id, _, fence_id = uid.partition("/")     # make_event, inlined: the hot path's events
             events.append(Event(event_id(uid, device_id, kind, t), kind, farm_id, device_id, fence_id, t, lat, lon))
+            if kind == "exit":
+                state.close_stay(uid, since, t)
+        if watched and rule.warn_m and fence_state.inside and uid in inside_now:
+            if uid not in near:
+                fence_state.armed = True
+            elif fence_state.armed:
+                fence_state.armed = False
+                events.append(make_event(uid, device_id, "approach", t, lat, lon))
         if fence_state.inside or fence_state.streak:
             state.fences[uid] = fence_state
         else:
@@ -156,6 +280,26 @@ def last_accepted_reports(starts: np.ndarray, ts: np.ndarray, last_ts: list[int 
     the running maximum decides, except for a report at exactly that maximum: then accept compares
     positions, which the per-report loop does. Returns the index of each device's last counting
     report (-1: none) and a per-device flag: a tie, leave it to the loop."""
+    taken, tie = _accept_scan(starts, ts, last_ts)
+    n = len(ts)
+    row = np.arange(n, dtype=np.int64)
+    last = np.maximum.reduceat(np.where(taken, row, -1), starts) if n else np.empty(0, np.int64)
+    tied = np.add.reduceat(tie.astype(np.int64), starts) > 0 if n else np.empty(0, bool)
+    return np.where(last >= 0, last - starts, -1), tied
+
+
+def accepted_rows(starts: np.ndarray, ts: np.ndarray, last_ts: list[int | None]
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per report: whether `DeviceState.accept` takes it, whether it is older than the newest report
+    of its device at its arrival (a late fix), and per device whether a tie leaves that to the
+    per-report rule (then the row flags of that device are not decided here)."""
+    taken, tie = _accept_scan(starts, ts, last_ts)
+    tied = np.add.reduceat(tie.astype(np.int64), starts) > 0 if len(ts) else np.empty(0, bool)
+    return taken, ~taken & ~tie, tied
+
+
+def _accept_scan(starts: np.ndarray, ts: np.ndarray, last_ts: list[int | None]) -> tuple[np.ndarray, np.ndarray]:
+    """(newer than every earlier report of its device, equal to the newest so far) per report."""
     n = len(ts)
     sizes = np.diff(np.r_[starts, n])
     device_of_row = np.repeat(np.arange(len(starts)), sizes)
@@ -176,10 +320,7 @@ def last_accepted_reports(starts: np.ndarray, ts: np.ndarray, last_ts: list[int 
     earlier = np.full(n, -1, dtype=np.int64)
     earlier[1:] = running[:-1] - device_of_row[1:] * span     # negative at a device's first report
     newest = np.maximum(earlier, before[device_of_row])
-    row = np.arange(n, dtype=np.int64)
-    last = np.maximum.reduceat(np.where(value > newest, row, -1), starts) if n else np.empty(0, np.int64)
-    tied = np.add.reduceat((value == newest).astype(np.int64), starts) > 0 if n else np.empty(0, bool)
-    return np.where(last >= 0, last - starts, -1), tied
+    return value > newest, value == newest
 
 
 def _settled(state: DeviceState, rules: dict[str, FenceRules], deleted: set[str]) -> frozenset[str] | None:
@@ -187,8 +328,10 @@ def _settled(state: DeviceState, rules: dict[str, FenceRules], deleted: set[str]
     case: a cow grazing inside its paddock, or outside all fences): a report that matches exactly
     those changes nothing. None when a report could change something whatever it matched."""
     for uid, fence_state in state.fences.items():
-        if fence_state.streak or not fence_state.inside or (
-                not fence_state.dwelled and rules.get(uid, DEFAULT_RULES).dwell_seconds):
+        if fence_state.streak or not fence_state.inside:
+            return None
+        rule = rules.get(uid, DEFAULT_RULES)
+        if rule.watched or (rule.dwell_seconds and not fence_state.dwelled):
             return None
     if deleted and not deleted.isdisjoint(state.fences):
         return None
@@ -208,6 +351,6 @@ def _step(s: FenceState, inside: bool, t: int, rules: FenceRules) -> str | None:
     s.streak += 1
     if s.streak < rules.debounce_reports and t - s.streak_t0 < rules.debounce_seconds * 1000:
         return None
-    s.inside, s.streak, s.dwelled = inside, 0, False
+    s.inside, s.streak, s.dwelled, s.armed = inside, 0, False, False
     s.since = t if inside else None
     return "enter" if inside else "exit"

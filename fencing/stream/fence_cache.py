@@ -25,6 +25,7 @@ import shapely
 from fencing.model import keys
 from fencing.model.fence_store import FenceRules
 from fencing.model.geometry import group_names
+from fencing.model.sparse_batch import FarmFences
 from fencing.model.membership import FenceIndex
 from fencing.model.node_pipe import NodePipeline
 from fencing.config import TUNING
@@ -67,6 +68,7 @@ class FenceCache:
     _geoms: dict[str, tuple[int, shapely.Geometry]] = field(default_factory=dict)
     _holders: dict[str, set[str]] = field(default_factory=dict)    # uid → groups that hold it
     preload: bool = False          # the first refresh loads every group (see `refresh`)
+    _tree: "FarmFences | None" = None   # every cached fence by farm, for segments; None = to build
     _preloaded: bool = False
 
     def __len__(self) -> int:
@@ -112,11 +114,15 @@ class FenceCache:
                 pipe.command(key, "HGETALL", key)
             loaded = [(group, version, {uid: orjson.loads(rec) for uid, rec in raw.items()})
                       for (group, version), raw in zip(stale, pipe.execute())]
-            self._parse_geometries([rec for _, _, records in loaded for rec in records.values()])
-            self._replace_groups(loaded)
+            self.install(loaded)
             if sum(len(records) for _, _, records in loaded) >= FREEZE_AFTER:
                 _freeze()
         return len(groups) + len(stale)
+
+    def install(self, loaded: list[tuple[str, int, dict[str, dict]]]) -> None:
+        """Install (group, version, {uid: record}) as read from Redis (the records `save_fence` writes)."""
+        self._parse_geometries([rec for _, _, records in loaded for rec in records.values()])
+        self._replace_groups(loaded)
 
     def _parse_geometries(self, records: list[dict]) -> None:
         """New or changed fences' WKB parsed and prepared in two vectorized calls, not one per fence
@@ -176,8 +182,15 @@ class FenceCache:
         by_point = np.argsort(point, kind="stable")
         return point[by_point], uid[by_point]
 
+    def farm_fences(self) -> FarmFences:
+        """Every cached fence grouped by farm (for segments), built on first use after a change."""
+        if self._tree is None:
+            self._tree = FarmFences.build(list(self._geoms), [g for _, g in self._geoms.values()], self.fence_farm)
+        return self._tree
+
     def _replace_groups(self, loaded: list[tuple[str, int, dict[str, dict]]]) -> None:
         """Install (group, version, {uid: record}) and reindex the touched fences, shard by shard."""
+        self._tree = None
         touched: dict[int, set[str]] = {}
         for group, version, records in loaded:
             before = self.groups.get(group)
@@ -216,7 +229,8 @@ class FenceCache:
                           [p[0][1] if len(p) == 1 else np.concatenate([x[1] for x in p]) for _, p in put])
 
     def _remember(self, uid: str, record: dict) -> None:
-        self.rules[uid] = _rules(record["debounce_reports"], record["debounce_seconds"], record.get("dwell_seconds"))
+        self.rules[uid] = _rules(record["debounce_reports"], record["debounce_seconds"], record.get("dwell_seconds"),
+                                 record.get("warn_m") or 0.0, record.get("active_from"), record.get("active_to"))
         self.fence_farm[uid] = record["farm"]
 
 
@@ -232,9 +246,11 @@ def _freeze() -> None:
 
 
 @functools.lru_cache(maxsize=4096)
-def _rules(debounce_reports, debounce_seconds, dwell_seconds) -> FenceRules:
+def _rules(debounce_reports, debounce_seconds, dwell_seconds, warn_m=0.0, active_from=None, active_to=None
+           ) -> FenceRules:
     """One shared (frozen) FenceRules per distinct setting: most fences use the defaults."""
-    return FenceRules(int(debounce_reports), float(debounce_seconds), dwell_seconds)
+    return FenceRules(int(debounce_reports), float(debounce_seconds), dwell_seconds, float(warn_m),
+                      active_from, active_to)
 
 
 _CACHE = FenceCache(preload=PRELOAD)

@@ -36,7 +36,8 @@ BLOB_ROWS = 250_000      # ~16 MB a value: far below the 2 GB an Arrow binary va
 SHUFFLED = pa.schema([("kind", pa.int8()), ("route", pa.int64()), ("payload", pa.binary())])
 SHUFFLED_DDL = "kind tinyint, route bigint, payload binary"
 PACKED = pa.schema([("farm_id", pa.string()), ("device_id", pa.string()), ("ts", pa.int64()),
-                    ("lat", pa.float64()), ("lon", pa.float64()), ("battery", pa.float64()), ("cell", pa.int64())])
+                    ("lat", pa.float64()), ("lon", pa.float64()), ("battery", pa.float64()), ("cell", pa.int64()),
+                    ("accuracy_m", pa.float64())])
 # What the process stage works on: one row per report (see `unpack`), side rows with payload text
 REPORTS = pa.schema([("kind", pa.int8()), ("route", pa.int64()), *PACKED, ("payload", pa.string()),
                      ("grp", pa.string())])
@@ -147,6 +148,7 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> list
     routed = pa.RecordBatch.from_arrays([
         farm, good.column("device_id").combine_chunks(), pa.array(ts, pa.int64()), pa.array(lat), pa.array(lon),
         good.column("battery").combine_chunks().cast(pa.float64()), pa.array(cells.view(np.int64)),
+        good.column("accuracy_m").combine_chunks().cast(pa.float64()),
     ], schema=PACKED).take(pa.array(order))
     targets, starts, counts = np.unique(part_of_report[order], return_index=True, return_counts=True)
     return [_blob(int(salts[t]), routed.slice(lo, min(BLOB_ROWS, start + count - lo)))

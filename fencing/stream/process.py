@@ -24,7 +24,9 @@ from fencing.model.node_pipe import NodePipeline
 from fencing.model.redis_conn import cluster
 from fencing.elastic.routing import RoutingTable, device_runs, group_slot
 from fencing.stream.sinks import event_log
-from fencing.model.transitions import DeviceState, Event, advance, last_accepted_reports, state_before
+from fencing.model.transitions import DeviceState, Event, state_before
+from fencing.stream.batch_core import advance_batch, match_batch
+from fencing.stream.batch_core import matched_sets as _matched_sets  # noqa: F401 - its unit test imports it here
 
 OUT_KIND_EVENT, OUT_KIND_DEAD, OUT_KIND_PING, OUT_KIND_STATS, OUT_KIND_READ = 0, 1, 2, 3, 4
 _SIDE = {KIND_DEAD: OUT_KIND_DEAD, KIND_PING: OUT_KIND_PING, KIND_READ: OUT_KIND_READ}
@@ -91,14 +93,14 @@ def process_partition(ctx: ProcessContext, batches):
 def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     redis = cluster(ctx.redis_host, ctx.redis_port)
     counter = CallCounter(ctx.routing, partition)
-    frame = reports.select(["farm_id", "device_id", "ts", "lat", "lon", "battery", "cell", "grp"]).to_pandas()
+    frame = reports.select(["farm_id", "device_id", "ts", "lat", "lon", "battery", "cell", "grp", "accuracy_m"]
+                           ).to_pandas()
     # Arrival (Kafka offset) order per device, not ts order: a late report must meet the state its
     # device already has, whichever batch it lands in (the shuffle keeps one map task's row order).
     runs = device_runs(reports.column("farm_id"), reports.column("device_id"))
     order = np.argsort(runs.codes, kind="stable")
     frame = frame.iloc[order].reset_index(drop=True)
     codes = runs.codes[order]
-    cells = frame["cell"].to_numpy().view(np.uint64)
 
     cache = process_cache()
     groups = sorted(frame["grp"].unique())
@@ -107,15 +109,7 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     clock.lap("refresh")
     for group in groups:
         counter.count(group)
-    point_idx, uids = cache.match(frame["lon"].to_numpy(), frame["lat"].to_numpy(), cells,
-                                  frame["grp"].to_numpy(dtype=object))
-    fence_codes, fence_uids = pd.factorize(uids) if len(uids) else (np.empty(0, np.int64), np.empty(0, object))
-    if len(point_idx):   # tenancy: a farm's devices are tested against that farm's fences only
-        farm_of_fence = np.array([cache.fence_farm.get(u, "") for u in fence_uids], dtype=object)
-        own = farm_of_fence[fence_codes] == frame["farm_id"].to_numpy(dtype=object)[point_idx]
-        point_idx, fence_codes = point_idx[own], fence_codes[own]
-    sets, set_of_point = _matched_sets(len(frame), point_idx, fence_codes, fence_uids)
-    matched = [sets[j] for j in set_of_point.tolist()]
+    found = match_batch(cache, frame)
     clock.lap("match")
 
     # the device's home group for this batch = group of its last report (same rule as the router)
@@ -126,30 +120,13 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     _read_states(redis, ctx.version, devices, counter)
     clock.lap("read_state")
 
-    ts, lat, lon = frame["ts"].tolist(), frame["lat"].tolist(), frame["lon"].tolist()
-    devices.frame_ts, devices.frame_lat, devices.frame_lon = ts, lat, lon
-    battery = frame["battery"].to_numpy()
-    events: list[Event] = []
-    latest_row = np.full(len(bounds), -1, dtype=np.int64)    # the device's last report that counted
-    # devices whose reports all matched the same fences (most of them: grazing inside one paddock)
-    device_of_row = np.repeat(np.arange(len(bounds)), ends - bounds)
-    differs = set_of_point != set_of_point[bounds][device_of_row]
-    uniform = (np.bincount(device_of_row, weights=differs, minlength=len(bounds)) == 0).tolist()
     states = [DeviceState.from_dict(b) for b in devices.before]     # advanced in place below
-    last_taken, tied = last_accepted_reports(bounds, frame["ts"].to_numpy(), [s.last_ts for s in states])
-    last_taken = [None if t else int(x) for x, t in zip(last_taken.tolist(), tied.tolist())]
-    for d, (lo, hi) in enumerate(zip(bounds.tolist(), ends.tolist())):
-        state = states[d]
-        device_id = devices.dkeys[d].partition("/")[2]
-        done = advance(state, device_id, ts[lo:hi], lat[lo:hi], lon[lo:hi], matched[lo:hi], cache.rules, ctx.deleted,
-                       uniform=uniform[d], last_accepted=last_taken[d])
-        if done.last >= 0:
-            latest_row[d] = lo + done.last
-            if battery[lo + done.last] == battery[lo + done.last]:      # not NaN: keep the last known one
-                state.battery = float(battery[lo + done.last])
-        events += done.events
+    outcome = advance_batch(cache, frame, found, bounds, ends, devices.dkeys, states, ctx.deleted)
+    events, latest_row = outcome.events, outcome.latest_row
+    devices.frame_ts, devices.frame_lat, devices.frame_lon = outcome.ts, outcome.lat, outcome.lon
     clock.lap("advance")
-    _write_all(redis, ctx.version, devices, states, latest_row, events, counter, ctx.seen_step_ms, ctx.epoch)
+    _write_all(redis, ctx.version, devices, states, latest_row, events, counter, ctx.seen_step_ms, ctx.epoch,
+               outcome.dropped)
     clock.lap("write")
     # the task's events into their farms' logs (once per event id) before the batch commits: a
     # replay recomputes the same ids, and the driver only produces them to Kafka
@@ -185,35 +162,6 @@ class DeviceBatch:
     frame_ts: list[int] = None
     frame_lat: list[float] = None
     frame_lon: list[float] = None
-
-
-def _matched_sets(n: int, point_idx: np.ndarray, codes: np.ndarray, names: np.ndarray
-                  ) -> tuple[list[frozenset[str]], np.ndarray]:
-    """The distinct fence sets the points fell in, and each point's set (index; 0 = no fence).
-    One frozenset per distinct set, not per point: the points' fence codes are rows of a matrix
-    (padded with -1), numbered by their distinct values."""
-    set_of_point = np.zeros(n, dtype=np.int64)
-    if not len(point_idx):
-        return [frozenset()], set_of_point
-    # point_idx is in point order and a point's fences come in the index's fixed order, so equal
-    # sets give equal rows (were one ever listed in another order, it would only count as distinct)
-    starts = np.flatnonzero(np.r_[True, point_idx[1:] != point_idx[:-1]])
-    sizes = np.diff(np.r_[starts, len(point_idx)])
-    rows = np.full((len(starts), int(sizes.max())), -1, dtype=np.int64)
-    rows[np.repeat(np.arange(len(starts)), sizes), np.arange(len(point_idx)) - np.repeat(starts, sizes)] = codes
-    bits = max(1, int(len(names)).bit_length())
-    if bits * rows.shape[1] <= 63:     # each row packed into one int64: a 1-D unique, ~10x faster
-        packed = ((rows + 1) << (bits * np.arange(rows.shape[1], dtype=np.int64))).sum(axis=1)
-        # a hash, not a sort (np.unique was ~6% of the workers' CPU): codes come in order of first
-        # appearance, so a row is a set's first where its code exceeds all before it
-        which, _ = pd.factorize(packed)
-        first = np.flatnonzero(np.r_[True, which[1:] > np.maximum.accumulate(which)[:-1]])
-        distinct = rows[first]
-    else:
-        distinct, which = np.unique(rows, axis=0, return_inverse=True)
-    sets = [frozenset()] + [frozenset(names[row[row >= 0]].tolist()) for row in distinct]
-    set_of_point[point_idx[starts]] = which.ravel() + 1
-    return sets, set_of_point
 
 
 def _by(keys_: list, values: list) -> dict:
@@ -257,7 +205,8 @@ def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter
 
 
 def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceState], latest_row: np.ndarray,
-               events: list[Event], counter: CallCounter, seen_step_ms: int = 0, epoch: int = 0) -> None:
+               events: list[Event], counter: CallCounter, seen_step_ms: int = 0, epoch: int = 0,
+               dropped: list[tuple[str, str, int]] = ()) -> None:
     """All writes of the task in one pipeline, batched per key: device state per home group, device
     locations per bucket, positions per farm, position index per cell, members per fence. Plain
     overwrites and set operations, so a replayed batch writes the same values again."""
@@ -323,8 +272,13 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
         pipe.command(key, "SADD", key, *members)
     final: dict[tuple[str, str, str], Event] = {}   # (farm, fence, device) → its last enter/exit
     for event in events:
-        if event.type in ("enter", "exit"):
+        if event.type in ("enter", "exit") and not event.inferred and not event.late:   # those change no state
             final[(event.farm_id, event.fence_id, event.device_id)] = event
+    for uid, dkey, t in dropped:      # a fence whose window closed: its member leaves without an event
+        farm_id, _, fence_id = uid.partition("/")
+        key = (farm_id, fence_id, dkey.partition("/")[2])
+        if key not in final or final[key].ts <= t:
+            final[key] = Event("", "exit", farm_id, key[2], fence_id, t, 0.0, 0.0)
     entered: dict[tuple[str, str], dict[str, int]] = {}
     exited: dict[tuple[str, str], list[str]] = {}
     for (farm_id, fence_id, device_id), event in final.items():

@@ -35,8 +35,14 @@ def public_events(events: list[dict]) -> list[bytes]:
     with its farm: a consumer serving several farms routes an event without looking its fence up."""
     return [orjson.dumps({"event_id": e["event_id"], "type": e["type"], "farm_id": e["farm_id"],
                           "device_id": e["device_id"],
-                          "fence_id": e["fence_id"], "ts": stamp, "lat": e["lat"], "lon": e["lon"]})
+                          "fence_id": e["fence_id"], "ts": stamp, "lat": e["lat"], "lon": e["lon"],
+                          **_MARKS[bool(e.get("inferred")), bool(e.get("late"))]})
             for e, stamp in zip(events, iso_many([e["ts"] for e in events]))]
+
+
+# "inferred"/"late" are present (true) only on such events
+_MARKS = {(False, False): {}, (True, False): {"inferred": True}, (False, True): {"late": True},
+          (True, True): {"inferred": True, "late": True}}
 
 
 class EventLog:

@@ -45,6 +45,18 @@ def test_push_bench_is_exact(stack, tmp_path):
     assert out.with_suffix(".png").stat().st_size > 1000
 
 
+def test_push_bench_with_sparse_late_collars_is_exact(stack, tmp_path):
+    """--tracks sparse: fixes 5-15 min apart, 5% buffered and uploaded late; the oracle knows the
+    inferred and late events, and every one of them comes out exactly once."""
+    out = tmp_path / "sparse.json"
+    stack.cli("bench", "push", "--fences", "200", "--points", "6000", "--devices", "150", "--tracks", "sparse",
+              "--no-plot", "--json", str(out), timeout=900)
+    result = json.loads(out.read_text())
+    assert result["tracks"] == "sparse" and result["completed"] and result["processed_points"] == 6000
+    assert result["expected_inferred"] > 0 and result["expected_late"] > 0, result
+    assert result["lost"] == 0 and result["duplicated"] == 0 and result["unexpected_events"] == 0, result
+
+
 def test_pull_bench_has_no_errors(stack, tmp_path):
     out = tmp_path / "pull.json"
     stack.cli("bench", "pull", "--fences", "100", "--devices", "100", "--seconds", "3", "--connections", "4",

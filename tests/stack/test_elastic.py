@@ -109,6 +109,7 @@ def _prepared(reports, device_farm):
     cells = cells_for_points(reports["lat"].to_numpy(), reports["lon"].to_numpy(), keys.FENCE_RES)
     return pa.table({"farm_id": [device_farm[d] for d in reports["device_id"]],
                      "device_id": reports["device_id"].tolist(), "ts": reports["ts"].to_numpy(),
+                     "lat": reports["lat"].to_numpy(float), "lon": reports["lon"].to_numpy(float),
                      "cell": cells.view(np.int64), "grp": cells_to_strs(parent(cells, keys.GROUP_RES))})
 
 
@@ -121,7 +122,8 @@ def test_shedding_never_drops_a_report_that_could_produce_an_event(stack):
 
     from loadgen.elastic_skew import observed_events, register, setup_farms, stream_and_wait
     from loadgen.herd import SimConfig, simulate
-    from loadgen.truth import expected_events, reconcile
+    from loadgen.reference import expected_events
+    from loadgen.truth import reconcile
     redis = stack.redis
     sim = simulate(SimConfig(seed=11, farms=2, fences_per_farm=4, devices=200, steps=30, silent_fraction=0.0))
     # The simulated paddocks are small (~0.15 km²): every animal grazes in a paddock's boundary cells, so

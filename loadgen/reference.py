@@ -1,0 +1,376 @@
+"""Reference of the full event semantics, report by report, with plain shapely: the oracle the
+vectorized job is checked against (tests/unit/test_sparse_property.py) and the benchmarks' expected
+events for tracks with sparse and late fixes.
+
+On purpose naive and written apart from the job: one device, one report, one fence at a time;
+membership is `covers` of the point (boundary counts), distances and segment stretches are shapely
+calls on single geometries. The rules (README "Event semantics"):
+
+* a report counts unless it is older than the device's last counted one, or repeats it exactly;
+* a fence outside its window [active_from, active_to) does not exist for a report: its state is
+  dropped without an event;
+* debounce: `debounce_reports` reports in a row, or a streak lasting `debounce_seconds`, flip the
+  confirmed state (ENTER/EXIT at the confirming report's ts); DWELL once per stay;
+* APPROACH: confirmed inside, this report inside and within warn_m metres of the boundary, armed
+  (a report since the last APPROACH, or since ENTER, was deeper than warn_m);
+* inferred: on the segment from the previous counted report, before this report's step: a fence the
+  device has no state for and this report is outside → each stretch inside touching neither end and
+  at least min_stretch long gives ENTER, EXIT; a fence confirmed inside, nothing pending, this report
+  inside → each gap between stretches at least min_stretch long gives EXIT, ENTER; interpolated ts,
+  fence active at both; min_stretch = max(10 m, 2 x the larger accuracy_m of the two reports); a
+  segment shorter than 30 m implies nothing;
+* late: a report older than the device's last counted one, at most 24 h older, not before its first
+  counted one nor before the end of a stay it has forgotten (it remembers 8), is kept; at the end of
+  each batch with new late fixes, per fence, over all kept late fixes in time order: a fix disagrees
+  when its membership differs from the confirmed one at its time; disagreement debounced by the
+  fence's rule confirms a departure, agreement debounced again confirms the return; with the same
+  confirmed membership at both, EXIT+ENTER (ENTER+EXIT when it was outside) at the two fixes, late,
+  each excursion once.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import shapely
+from shapely.geometry import LineString, Point
+
+MIN_STRETCH_M = 10.0
+MIN_SEGMENT_M = 30.0
+
+
+@dataclass(frozen=True)
+class RefFence:
+    uid: str                     # "farm/fence"
+    geometry: shapely.Geometry
+    debounce_reports: int = 2
+    debounce_seconds: float = 30.0
+    dwell_seconds: float | None = None
+    warn_m: float = 0.0
+    active_from: int | None = None
+    active_to: int | None = None
+
+    def active(self, t: int) -> bool:
+        return (self.active_from is None or t >= self.active_from) and (self.active_to is None or t < self.active_to)
+
+
+@dataclass(frozen=True)
+class RefReport:
+    device: str                  # "farm/device"
+    ts: int
+    lat: float
+    lon: float
+    accuracy: float | None = None
+
+
+@dataclass(frozen=True)
+class RefEvent:
+    device_id: str
+    fence_id: str
+    type: str
+    ts: int
+    inferred: bool = False
+    late: bool = False
+    farm_id: str = ""
+
+    @property
+    def event_id(self) -> str:
+        tag = "inferred" if self.inferred else ("late" if self.late else "")
+        text = f"{self.farm_id}/{self.fence_id}|{self.device_id}|{self.type}|{self.ts}" + (f"|{tag}" if tag else "")
+        return hashlib.sha1(text.encode()).hexdigest()[:24]
+
+
+@dataclass
+class _Fence:
+    inside: bool = False
+    streak: int = 0
+    t0: int = 0
+    since: int | None = None
+    dwelled: bool = False
+    armed: bool = False
+
+
+@dataclass
+class _Device:
+    last: RefReport | None = None
+    first_ts: int | None = None
+    fences: dict[str, _Fence] = field(default_factory=dict)
+    stays: list[tuple[str, int, int]] = field(default_factory=list)    # every confirmed stay that ended
+    late: dict[tuple[int, float, float], set[str]] = field(default_factory=dict)
+    emitted: set[str] = field(default_factory=set)
+
+    def end_stay(self, uid: str, since: int | None, t: int) -> None:
+        """A stay ended; the oldest ones are forgotten, and late fixes before their end with them."""
+        if since is None:
+            return
+        self.stays.append((uid, since, t))
+        while len(self.stays) > MAX_STAYS or self.stays[0][2] < t - HORIZON_MS:
+            self.first_ts = max(self.first_ts, self.stays.pop(0)[2])
+
+    def was_inside(self, uid: str, t: int) -> bool:
+        now = self.fences.get(uid)
+        if now is not None and now.inside and now.since is not None and now.since <= t:
+            return True
+        return any(u == uid and a <= t < b for u, a, b in self.stays)
+
+
+HORIZON_MS = 24 * 3600 * 1000
+MAX_STAYS = 8           # the device remembers its last 8 ended stays (and 24 h of them at most)
+
+
+def _metres(lon0: float, lat0: float):
+    """Local plane at (lon0, lat0): degrees → metres."""
+    kx = 111_320.0 * math.cos(math.radians(lat0))
+    return lambda x, y: ((x - lon0) * kx, (y - lat0) * 110_574.0)
+
+
+def boundary_distance(geom: shapely.Geometry, lon: float, lat: float) -> float:
+    to_m = _metres(lon, lat)
+    coords = shapely.get_coordinates(geom.boundary)
+    x, y = to_m(coords[:, 0], coords[:, 1])
+    moved = shapely.set_coordinates(shapely.transform(geom.boundary, lambda c: c), list(zip(x, y)))
+    return moved.distance(Point(0.0, 0.0))
+
+
+def _length_m(a: RefReport, b: RefReport) -> float:
+    mid = math.radians((a.lat + b.lat) / 2.0)
+    return math.hypot((b.lon - a.lon) * 111_320.0 * math.cos(mid), (b.lat - a.lat) * 110_574.0)
+
+
+def _stretches(geom: shapely.Geometry, a: RefReport, b: RefReport) -> list[tuple[float, float]]:
+    line = LineString([(a.lon, a.lat), (b.lon, b.lat)])
+    pieces = []
+    for part in shapely.get_parts(geom.intersection(line)):
+        if part.geom_type != "LineString" or part.is_empty:
+            continue
+        f0 = line.project(Point(part.coords[0]), normalized=True)
+        f1 = line.project(Point(part.coords[-1]), normalized=True)
+        pieces.append((min(f0, f1), max(f0, f1)))
+    merged: list[list[float]] = []
+    for lo, hi in sorted(pieces):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return [(lo, hi) for lo, hi in merged]
+
+
+def _at(a: RefReport, b: RefReport, fraction: float) -> int:
+    return int(a.ts + math.floor(fraction * (b.ts - a.ts) + 0.5))
+
+
+def _inferred(dev: _Device, fence: RefFence, inside_now: bool, a: RefReport, b: RefReport,
+              line: LineString) -> list[tuple[str, int]]:
+    state = dev.fences.get(fence.uid)
+    if state is None and not inside_now:
+        both_inside = False
+    elif state is not None and state.inside and not state.streak and inside_now:
+        both_inside = True
+    else:
+        return []
+    minx, miny, maxx, maxy = fence.geometry.bounds
+    if max(a.lon, b.lon) < minx or min(a.lon, b.lon) > maxx or max(a.lat, b.lat) < miny or min(a.lat, b.lat) > maxy:
+        return []
+    if not fence.geometry.intersects(line):
+        return []
+    length = _length_m(a, b)
+    accuracies = [x for x in (a.accuracy, b.accuracy) if x is not None]
+    need = max(MIN_STRETCH_M, 2.0 * max(accuracies, default=0.0))
+    if length < need:
+        return []
+    stretches = _stretches(fence.geometry, a, b)
+    out = []
+    if both_inside:
+        for (_, lo), (hi, _) in zip(stretches, stretches[1:]):
+            if (hi - lo) * length >= need:
+                out.append((("exit", _at(a, b, lo)), ("enter", _at(a, b, hi))))
+    else:
+        for lo, hi in stretches:
+            if lo > 0.0 and hi < 1.0 and (hi - lo) * length >= need:
+                out.append((("enter", _at(a, b, lo)), ("exit", _at(a, b, hi))))
+    return [e for pair in out if fence.active(pair[0][1]) and fence.active(pair[1][1]) for e in pair]
+
+
+def _step(state: _Fence, fence: RefFence, inside: bool, t: int) -> str | None:
+    if inside == state.inside:
+        state.streak = 0
+        if inside and fence.dwell_seconds and not state.dwelled and state.since is not None \
+                and t - state.since >= fence.dwell_seconds * 1000:
+            state.dwelled = True
+            return "dwell"
+        return None
+    if state.streak == 0:
+        state.t0 = t
+    state.streak += 1
+    if state.streak < fence.debounce_reports and t - state.t0 < fence.debounce_seconds * 1000:
+        return None
+    state.inside, state.streak, state.dwelled, state.armed = inside, 0, False, False
+    state.since = t if inside else None
+    return "enter" if inside else "exit"
+
+
+class Reference:
+    """Feed reports in arrival order (`feed`), read `events`. Fences apply to devices of their farm."""
+
+    def __init__(self, fences: list[RefFence]):
+        self.fences = sorted(fences, key=lambda f: f.uid)
+        self.devices: dict[str, _Device] = {}
+        self.events: list[RefEvent] = []
+        self._by_farm: dict[str, list[RefFence]] = {}
+
+    def feed_batch(self, reports: list[RefReport]) -> None:
+        """Reports arriving together: each in turn, then the late ones of each device replayed."""
+        late: dict[str, list[RefReport]] = {}
+        for report in reports:
+            dev = self.devices.get(report.device)
+            if dev is not None and dev.last is not None and report.ts < dev.last.ts:
+                late.setdefault(report.device, []).append(report)
+            else:
+                self.feed(report)
+        for device, fixes in late.items():
+            self._replay(device, fixes)
+
+    def _mine(self, device: str) -> list[RefFence]:
+        return self.fences_of_farm(device.partition("/")[0])
+
+    def fences_of_farm(self, farm: str) -> list[RefFence]:
+        if farm not in self._by_farm:
+            self._by_farm[farm] = [f for f in self.fences if f.uid.partition("/")[0] == farm]
+        return self._by_farm[farm]
+
+    def _replay(self, device: str, fixes: list[RefReport]) -> None:
+        dev = self.devices[device]
+        start = max(dev.last.ts - HORIZON_MS, dev.first_ts)
+        dev.late = {k: v for k, v in dev.late.items() if k[0] >= start}
+        added = False
+        for r in fixes:
+            key = (r.ts, r.lat, r.lon)
+            if r.ts >= start and key not in dev.late:
+                point = Point(r.lon, r.lat)
+                dev.late[key] = {f.uid for f in self._mine(device) if f.geometry.covers(point)}
+                added = True
+        if not added:
+            return
+        farm, _, device_id = device.partition("/")
+        for fence in self._mine(device):
+            away, streak, t0, departure = False, 0, 0, None
+            for (t, lat, lon) in sorted(dev.late):
+                base = dev.was_inside(fence.uid, t)
+                disagree = (fence.uid in dev.late[(t, lat, lon)] and fence.active(t)) != base
+                if disagree == away:
+                    streak = 0
+                    continue
+                if streak == 0:
+                    t0 = t
+                streak += 1
+                if streak < fence.debounce_reports and t - t0 < fence.debounce_seconds * 1000:
+                    continue
+                streak, away = 0, disagree
+                if away:
+                    departure = (t, base)
+                    continue
+                if departure is not None and departure[1] == base:
+                    kinds = ("exit", "enter") if base else ("enter", "exit")
+                    for kind, at in zip(kinds, (departure[0], t)):
+                        event = RefEvent(device_id, fence.uid.partition("/")[2], kind, at, late=True, farm_id=farm)
+                        if event.event_id not in dev.emitted:
+                            dev.emitted.add(event.event_id)
+                            self.events.append(event)
+                departure = None
+
+    def feed(self, report: RefReport, inside: dict[str, bool] | None = None) -> None:
+        """One report; `inside`: its membership per fence of its farm, when the caller computed it."""
+        dev = self.devices.setdefault(report.device, _Device())
+        last = dev.last
+        if last is not None and (report.ts < last.ts or (report.ts == last.ts and (report.lat, report.lon)
+                                                        == (last.lat, last.lon))):
+            return
+        if dev.first_ts is None:
+            dev.first_ts = report.ts
+        farm, _, device_id = report.device.partition("/")
+        mine = self._mine(report.device)
+        if inside is None:
+            point = Point(report.lon, report.lat)
+            inside = {f.uid: f.geometry.covers(point) for f in mine}
+        if last is not None and _length_m(last, report) >= MIN_SEGMENT_M:    # shorter: implies nothing
+            line = LineString([(last.lon, last.lat), (report.lon, report.lat)])
+            for fence in mine:
+                for kind, t in _inferred(dev, fence, inside[fence.uid], last, report, line):
+                    self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, t, inferred=True,
+                                                farm_id=farm))
+        dev.last = report
+        for fence in mine:
+            if not fence.active(report.ts):
+                gone = dev.fences.pop(fence.uid, None)
+                if gone is not None and gone.inside:
+                    dev.end_stay(fence.uid, gone.since, report.ts)
+                continue
+            state = dev.fences.get(fence.uid) or _Fence()
+            now_in = inside[fence.uid]
+            since = state.since
+            kind = _step(state, fence, now_in, report.ts)
+            if kind == "exit":
+                dev.end_stay(fence.uid, since, report.ts)
+            if kind:
+                self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], kind, report.ts, farm_id=farm))
+            if fence.warn_m and state.inside and now_in:
+                if boundary_distance(fence.geometry, report.lon, report.lat) > fence.warn_m:
+                    state.armed = True
+                elif state.armed:
+                    state.armed = False
+                    self.events.append(RefEvent(device_id, fence.uid.partition("/")[2], "approach", report.ts,
+                                                farm_id=farm))
+            if state.inside or state.streak:
+                dev.fences[fence.uid] = state
+            else:
+                dev.fences.pop(fence.uid, None)
+
+    def members(self, uid: str) -> set[str]:
+        return {d for d, dev in self.devices.items() if uid in dev.fences and dev.fences[uid].inside}
+
+
+def expected_events(reports_df, fences, device_farm) -> "pd.DataFrame":
+    """The benchmarks' oracle: every event the job must emit for a simulation's reports (rows in
+    arrival order; `fences`: loadgen.herd.Fence; `device_farm`: device → farm), as a DataFrame
+    [device_id, fence_id, type, ts, inferred, late]. Membership is computed per farm with vectorized
+    `covers` first (the same answer the per-report call gives), then the reports are fed one by one,
+    as one batch (a device's late fixes arrive in time order, so when they are replayed does not
+    change what they reveal)."""
+    import numpy as np
+    import pandas as pd
+
+    from loadgen.truth import _valid_rows
+
+    df = reports_df.loc[_valid_rows(reports_df)]
+    dev = df["device_id"].astype(str).to_numpy(dtype=object)
+    farm_of_row = pd.Series(dev).map(device_farm).fillna("").to_numpy(dtype=object)
+    ref_fences = [RefFence(f"{f.farm_id}/{f.fence_id}", f.geometry,
+                           f.debounce_reports if f.debounce_reports is not None else 2,
+                           f.debounce_seconds if f.debounce_seconds is not None else 30.0) for f in fences]
+    ref = Reference(ref_fences)
+    lon, lat = df["lon"].to_numpy(float), df["lat"].to_numpy(float)
+    points = shapely.points(lon, lat)
+    inside_rows: list[dict[str, bool]] = [{} for _ in range(len(df))]
+    for farm in pd.unique(farm_of_row):
+        rows = np.flatnonzero(farm_of_row == farm)
+        for f in ref.fences_of_farm(farm):
+            shapely.prepare(f.geometry)
+            hit = shapely.covers(f.geometry, points[rows])
+            for r, h in zip(rows.tolist(), hit.tolist()):
+                inside_rows[r][f.uid] = h
+    ts = df["ts"].to_numpy(np.int64).tolist()
+    accuracy = df["accuracy_m"].to_numpy(float).tolist() if "accuracy_m" in df else [float("nan")] * len(df)
+    late: dict[str, list[RefReport]] = {}
+    for i, (d, farm) in enumerate(zip(dev.tolist(), farm_of_row.tolist())):
+        report = RefReport(f"{farm}/{d}", ts[i], float(lat[i]), float(lon[i]),
+                           None if accuracy[i] != accuracy[i] else accuracy[i])
+        known = ref.devices.get(report.device)
+        if known is not None and known.last is not None and report.ts < known.last.ts:
+            late.setdefault(report.device, []).append(report)
+        else:
+            ref.feed(report, inside_rows[i])
+    for device, fixes in late.items():
+        ref._replay(device, fixes)
+    return pd.DataFrame([(e.device_id, e.fence_id, e.type, e.ts, e.inferred, e.late) for e in ref.events],
+                        columns=["device_id", "fence_id", "type", "ts", "inferred", "late"])

@@ -1,0 +1,125 @@
+"""Property: the job's vectorized core (membership on the H3 cover, batch-wide segments and
+distances, the state machine with its shortcuts) emits exactly the reference's events, in order,
+for random fences (holes, strips, windows, warn_m, debounce) and random tracks with sparse, noisy,
+shuffled, repeated and late (buffered, uploaded later) fixes split into random batches."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import shapely
+import shapely.affinity
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from loadgen.reference import RefReport, Reference
+from tests.unit.sparse_harness import Job, feature, lonlat, ref_fence
+
+T0 = 1_767_225_600_000
+MIN = 60_000
+
+
+def _polygon(rng: np.random.Generator) -> shapely.Geometry:
+    """A star-shaped polygon (metres → lon/lat), maybe with a hole, or a narrow strip."""
+    cx, cy = rng.uniform(-300, 300, 2)
+    if rng.random() < 0.3:                                   # a strip: easy to jump over
+        w, h, ang = rng.uniform(8, 40), rng.uniform(200, 800), rng.uniform(0, math.pi)
+        shape = shapely.affinity.rotate(shapely.box(-w / 2, -h / 2, w / 2, h / 2), ang, use_radians=True)
+        shape = shapely.affinity.translate(shape, cx, cy)
+    else:
+        n = int(rng.integers(3, 12))
+        ang = np.sort(rng.uniform(0, 2 * math.pi, n))
+        r = rng.uniform(40, 250, n)
+        shape = shapely.Polygon(np.column_stack([cx + r * np.cos(ang), cy + r * np.sin(ang)]))
+        if rng.random() < 0.4:
+            hole = shapely.Point(cx, cy).buffer(min(r) * rng.uniform(0.2, 0.6), quad_segs=3)
+            shape = shapely.Polygon(shape.exterior.coords, [hole.exterior.coords])
+    shape = shapely.make_valid(shape)
+    if shape.geom_type != "Polygon":                        # keep it simple: the largest part
+        shape = max(shapely.get_parts(shape), key=lambda g: g.area if g.geom_type == "Polygon" else 0)
+    coords = shapely.get_coordinates(shape)
+    lon, lat = lonlat(coords[:, 0], coords[:, 1])
+    out = shapely.set_coordinates(shapely.transform(shape, lambda c: c), np.column_stack([lon, lat]))
+    return shapely.make_valid(out) if not out.is_valid else out
+
+
+def _props(rng: np.random.Generator) -> dict:
+    props: dict = {"debounce_reports": int(rng.choice([1, 2, 3])),
+                   "debounce_seconds": float(rng.choice([0, 90, 600, 86400]))}
+    if rng.random() < 0.4:
+        props["warn_m"] = float(rng.choice([10, 25, 60]))
+    if rng.random() < 0.3:
+        start = T0 + int(rng.integers(-30, 120)) * MIN
+        props["active_from"] = start
+        if rng.random() < 0.7:
+            props["active_to"] = start + int(rng.integers(10, 200)) * MIN
+    if rng.random() < 0.15:
+        props["dwell_seconds"] = 1200
+    return props
+
+
+def _tracks(rng: np.random.Generator, devices: int) -> list[RefReport]:
+    out: list[RefReport] = []
+    for d in range(devices):
+        farm = "farm-a" if d % 5 else "farm-b"
+        n = int(rng.integers(2, 30))
+        sparse = rng.random() < 0.6
+        gaps = rng.integers(5, 16, n) * MIN if sparse else rng.integers(20, 61, n) * 1000
+        ts = T0 + int(rng.integers(0, 60)) * MIN + np.cumsum(gaps)
+        step = rng.normal(0, 80 if sparse else 8, (n, 2))
+        xy = np.cumsum(step, axis=0) + rng.uniform(-300, 300, 2)
+        xy += rng.normal(0, 3, xy.shape)                                   # GPS noise
+        lon, lat = lonlat(xy[:, 0], xy[:, 1])
+        acc = [None if rng.random() < 0.5 else float(rng.choice([3, 8, 25])) for _ in range(n)]
+        reports = [RefReport(f"{farm}/cow{d}", int(t), float(la), float(lo), a)
+                   for t, la, lo, a in zip(ts, lat, lon, acc)]
+        for i in range(n):                                                 # retries and odd arrivals
+            if rng.random() < 0.05:
+                reports.insert(i, reports[i])
+        if rng.random() < 0.3 and len(reports) > 3:                       # a few swapped neighbours
+            i = int(rng.integers(0, len(reports) - 1))
+            reports[i], reports[i + 1] = reports[i + 1], reports[i]
+        if rng.random() < 0.4 and len(reports) > 6:                        # a buffered block, uploaded later
+            i = int(rng.integers(1, len(reports) - 4))
+            k = int(rng.integers(2, min(10, len(reports) - i)))
+            block = reports[i:i + k]
+            del reports[i:i + k]
+            j = int(rng.integers(i + 1, len(reports) + 1))
+            reports[j:j] = block
+        if rng.random() < 0.1 and len(reports) > 2:                        # a repeated time, new place
+            r = reports[1]
+            reports.insert(2, RefReport(r.device, r.ts, r.lat + 1e-4, r.lon, r.accuracy))
+        out += reports
+    # devices interleaved in arrival order, each device's own order kept
+    order = np.argsort(rng.random(len(out)), kind="stable")
+    per_device: dict[str, list[RefReport]] = {}
+    for r in out:
+        per_device.setdefault(r.device, []).append(r)
+    queues = {k: iter(v) for k, v in per_device.items()}
+    names = [r.device for r in out]
+    return [next(queues[names[i]]) for i in order]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), fences=st.integers(1, 6), devices=st.integers(1, 8),
+       batches=st.integers(1, 4))
+def test_vectorized_core_matches_the_reference_event_for_event(seed, fences, devices, batches):
+    rng = np.random.default_rng(seed)
+    defs = {}
+    for j in range(fences):
+        farm = "farm-a" if j % 4 else "farm-b"
+        defs[f"{farm}/f{j}"] = (_polygon(rng), _props(rng))
+    job = Job({uid: feature(g, **p) for uid, (g, p) in defs.items()})
+    ref = Reference([ref_fence(uid, job.cache.geometry(uid), **p) for uid, (g, p) in defs.items()])
+    reports = _tracks(rng, devices)
+    cuts = sorted(rng.integers(0, len(reports) + 1, batches - 1).tolist())
+    for lo, hi in zip([0] + cuts, cuts + [len(reports)]):
+        job.batch(reports[lo:hi])
+        ref.feed_batch(reports[lo:hi])
+    got = {}
+    for e in job.events:
+        got.setdefault(e.device_id, []).append((e.fence_id, e.type, e.ts, e.inferred, e.late, e.event_id))
+    want = {}
+    for e in ref.events:
+        want.setdefault(e.device_id, []).append((e.fence_id, e.type, e.ts, e.inferred, e.late, e.event_id))
+    assert got == want
