@@ -11,12 +11,12 @@ import orjson
 import shapely
 
 from fencing.model import keys, notify
+from fencing.model.deleted_fences import DELETED_FENCES, mark as mark_deleted, unmark as unmark_deleted  # noqa: F401 - DELETED_FENCES: the job reads it from here
 from fencing.model.geometry import FenceError, cover, groups_of, parse_fence_geometry
 from fencing.model.h3util import cell_to_str
 
 DEFAULT_DEBOUNCE_REPORTS = 2
 DEFAULT_DEBOUNCE_SECONDS = 30.0
-DELETED_FENCES = "fences:deleted"   # set of fence uids; the job drops their state and emits nothing more
 
 
 @dataclass(frozen=True)
@@ -159,7 +159,7 @@ def save_fence(redis, farm_id: str, fence_id: str, fence: ValidFence) -> dict:
     pipe.sadd(keys.farm_fences(farm_id), fence_id)
     if fence.groups:
         pipe.sadd(keys.FENCE_GROUPS, *fence.groups)
-    pipe.srem(DELETED_FENCES, uid)
+    unmark_deleted(pipe, [uid])
     pipe.execute()
     notify.live_changed(redis, [farm_id])
     return feature
@@ -184,7 +184,7 @@ def delete_fence(redis, farm_id: str, fence_id: str) -> bool:
         return False
     uid = fence_uid(farm_id, fence_id)
     pipe = redis.pipeline()
-    pipe.sadd(DELETED_FENCES, uid)
+    mark_deleted(pipe, [uid])
     for group in previous["groups"]:
         pipe.hdel(keys.group_fences(group), uid)
         pipe.incr(keys.group_version(group))
@@ -398,7 +398,7 @@ def save_fences_bulk(redis, farm_id: str | None, fences, chunk: int = 5_000) -> 
         for farm, docs in farm_docs.items():
             pipe.execute_command("MSET", *[x for kv in docs.items() for x in kv])
             pipe.sadd(keys.farm_fences(farm), *[key.rsplit(":", 1)[1] for key in docs])
-        pipe.srem(DELETED_FENCES, *uids)
+        unmark_deleted(pipe, uids)
         pipe.execute()
         notify.live_changed(redis, farm_docs)
     return saved
