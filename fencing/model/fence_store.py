@@ -32,7 +32,9 @@ class FenceRules:
             value = props.get(name)
             if value is None:
                 return None
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            # a Python int of 400 digits is a number here, but overflows numpy's isfinite: test floats only
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    isinstance(value, float) and not np.isfinite(value)):
                 raise FenceError(f"properties.{name} must be a number")
             if integer and int(value) != value:
                 raise FenceError(f"properties.{name} must be an integer")

@@ -39,7 +39,7 @@ def _to_ms(value) -> int:
     if isinstance(value, bool):
         raise ValueError("time must be ISO 8601 or epoch milliseconds")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):   # (an int of 400 digits would overflow it)
             raise ValueError("time must be finite")
         return int(value)
     if isinstance(value, str):
