@@ -1,18 +1,20 @@
-"""The job driver's sweep of what would otherwise grow with time in Redis: entries of the deleted-fence
-set that no device state can name any more (fencing.model.deleted_fences), with stray members hashes of
-those fences. Runs every `every_s` on the active job."""
+"""The job driver's sweeps of what would otherwise grow with time: entries of the deleted-fence set that
+no device state can name any more, with stray members hashes of those fences
+(fencing.model.deleted_fences), and the position history's small files (fencing.model.history_compact).
+Both run on timers of the active job and touch only what no batch can still (re)write."""
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from fencing.model import deleted_fences
+from fencing.model import deleted_fences, history_compact
 from fencing.stream.periodic import Periodic
 
 log = logging.getLogger("herdfence.pruning")
 SWEEP_EVERY_S = 3600.0
 GRACE_S = 3600.0          # far longer than any micro-batch that could have begun before a deletion
+COMPACT_EVERY_S = 600.0   # at 4 batches/s and 3 partitions: ~7,000 small files merged per pass
 
 
 def first_replayable_batch(checkpoint: str) -> int:
@@ -34,3 +36,15 @@ class DeletedFencePruner(Periodic):
                                        first_replayable_batch(self.checkpoint))
         if dropped:
             log.info("pruned %d deleted fences no device state names", len(dropped))
+
+
+class HistoryCompactor(Periodic):
+    def __init__(self, root: str, checkpoint: str, run_id: Callable[[], str], every_s: float = COMPACT_EVERY_S) -> None:
+        super().__init__("history-compactor", every_s)
+        self.root, self.checkpoint, self.run_id = root, checkpoint, run_id
+
+    def tick(self) -> None:
+        done = history_compact.compact(self.root, self.run_id(), first_replayable_batch(self.checkpoint))
+        if done.merged_files or done.recovered:
+            log.info("history: %d small files merged into %d, %d leftovers of an interrupted pass removed",
+                     done.merged_files, done.written, done.recovered)
