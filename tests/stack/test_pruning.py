@@ -77,3 +77,19 @@ def test_prune_keeps_entries_in_grace_redated_or_named_by_a_replayable_batch(sta
         redis.delete(state_key)
         redis.srem(DELETED_FENCES, uid_p, uid_new, uid_old)
         redis.hdel(DELETED_AT, uid_p, uid_new, uid_old)
+
+
+def test_failed_webhook_deliveries_are_bounded_and_go_with_the_last_webhook(stack):
+    from api.webhooks import failed_key, record_failure
+    farm = Farm(stack, "failed hooks")
+    redis = stack.redis
+    body = orjson.dumps({"event_id": "e", "type": "enter"})
+    for i in range(25):
+        record_failure(redis, farm.farm_id, "h-1", f"HTTP 50{i % 10}", body, keep=10)
+    assert redis.llen(failed_key(farm.farm_id)) == 10
+    assert orjson.loads(redis.lindex(failed_key(farm.farm_id), 0))["reason"] == "HTTP 504"     # the newest
+    hooks = [farm.api.post("/v1/webhooks", json={"url": f"http://127.0.0.1:9/h{i}"}).json()["id"] for i in range(2)]
+    assert farm.api.delete(f"/v1/webhooks/{hooks[0]}").status_code == 204
+    assert redis.llen(failed_key(farm.farm_id)) == 10          # another webhook is left
+    assert farm.api.delete(f"/v1/webhooks/{hooks[1]}").status_code == 204
+    assert not redis.exists(failed_key(farm.farm_id))
