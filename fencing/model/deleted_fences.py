@@ -8,8 +8,8 @@ state can still name the fence:
   fence in its cache, has long finished: no new state can name it);
 * no device state record names it in "s" (the state now), nor in "p" (the state before the batch
   that wrote the record) unless that batch is committed (it is never replayed, so "p" is never read).
-The states are searched on the Redis side (a script per chunk of a group's state hash, a plain
-substring test before any JSON decode), so a sweep moves uids, not device states, over the network.
+The states are searched on the Redis side (a script per chunk of a group's state hash; only records
+that name some fence are decoded), so a sweep moves uids, not device states, over the network.
 
 Each entry's deletion time lives in `{fences:deleted}:at` (the same slot as the set), so an entry is
 dropped only if it still carries the deletion time the sweep saw: a fence re-created or deleted again
@@ -26,34 +26,37 @@ DELETED_FENCES = "fences:deleted"          # set of fence uids; the job drops th
 DELETED_AT = "{fences:deleted}:at"         # hash uid -> deletion time (ms); same slot as the set
 STATE_MATCH = "{g:*}:state"
 SCAN_COUNT = 500                           # state records one script call looks at
+UIDS_PER_SCAN = 2_000                      # deleted fences looked for in one pass over the states
 
 # KEYS[1]: one group's device-state hash. ARGV: cursor, count, run id ("" unknown), first batch that may
-# still be replayed, uid... Returns {next cursor, uid named, ...}.
+# still be replayed, uid... Returns {next cursor, uid named, ...}. Work per record, not per uid: a
+# record is decoded only when it names some fence at all (a uid holds a "/"; nothing else in a
+# state does), and its fences are looked up in the set of uids.
 _NAMED = """
 local scan = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', tonumber(ARGV[2]))
 local run, floor = ARGV[3], tonumber(ARGV[4])
-local found, out = {}, {scan[1]}
-local function names(state, uid)
-  return type(state) == 'table' and type(state.f) == 'table' and state.f[uid] ~= nil
+local wanted, found, out = {}, {}, {scan[1]}
+for j = 5, #ARGV do wanted[ARGV[j]] = true end
+local function collect(state)
+  if type(state) == 'table' and type(state.f) == 'table' then
+    for uid, _ in pairs(state.f) do
+      if wanted[uid] and not found[uid] then found[uid] = true; table.insert(out, uid) end
+    end
+  end
 end
 local values = scan[2]
 for i = 2, #values, 2 do
   local raw = values[i]
-  for j = 5, #ARGV do
-    local uid = ARGV[j]
-    if not found[uid] and string.find(raw, uid, 1, true) then
-      local ok, rec = pcall(cjson.decode, raw)
-      if not ok then
-        found[uid] = true                -- unreadable: assume it names the fence
-      else
-        local replayable = true
-        if run ~= '' and type(rec.b) == 'string' then
-          local brun, batch = string.match(rec.b, '^(.*):(%d+)$')
-          replayable = brun == run and tonumber(batch) >= floor
-        end
-        if names(rec.s, uid) or (replayable and names(rec.p, uid)) then found[uid] = true end
+  if string.find(raw, '/', 1, true) then
+    local ok, rec = pcall(cjson.decode, raw)
+    if ok and type(rec) == 'table' then
+      collect(rec.s)
+      local replayable = true
+      if run ~= '' and type(rec.b) == 'string' then
+        local brun, batch = string.match(rec.b, '^(.*):(%d+)$')
+        replayable = brun == run and tonumber(batch) >= floor
       end
-      if found[uid] then table.insert(out, uid) end
+      if replayable then collect(rec.p) end
     end
   end
 end
@@ -134,12 +137,16 @@ def prune(redis, grace_s: float, run_id: str = "", first_replayable: int = 0,
     due = {u: t for u, t in times.items() if t is not None and int(t) <= now - grace_s * 1000}
     if not due:
         return []
-    free = [u for u in sorted(due) if u not in named_in_states(redis, sorted(due), run_id, first_replayable)]
-    if not free:
-        return []
-    dropped = redis.register_script(_DROP)(keys=[DELETED_FENCES, DELETED_AT],
-                                           args=[x for u in free for x in (u, due[u])])
-    dropped = [u.decode() if isinstance(u, bytes) else u for u in dropped]
+    dropped: list[str] = []
+    candidates = sorted(due)
+    for start in range(0, len(candidates), UIDS_PER_SCAN):   # one scan of every state per chunk
+        chunk = candidates[start:start + UIDS_PER_SCAN]
+        named = named_in_states(redis, chunk, run_id, first_replayable)
+        free = [u for u in chunk if u not in named]
+        if free:
+            out = redis.register_script(_DROP)(keys=[DELETED_FENCES, DELETED_AT],
+                                               args=[x for u in free for x in (u, due[u])])
+            dropped += [u.decode() if isinstance(u, bytes) else u for u in out]
     drop_members = redis.register_script(_DROP_MEMBERS)
     for uid in dropped:
         farm_id, _, fence_id = uid.partition("/")

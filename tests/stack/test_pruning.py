@@ -36,7 +36,7 @@ def test_deleted_fence_leaves_the_set_once_no_device_state_names_it(stack):
     redis.hset(keys.members(farm.farm_id, fence_id), "cow-p", "2024-01-01T00:00:00Z")
 
     # cow-p's state still names the fence (it has not reported since): the entry must stay
-    assert prune(redis, 0, *_replay_floor(stack)) == []
+    assert uid not in prune(redis, 0, *_replay_floor(stack))    # (other tests' entries may go)
     assert redis.sismember(DELETED_FENCES, uid)
 
     # its next report makes the job forget the fence; once that batch is committed ("p" is then never
