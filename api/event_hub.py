@@ -4,7 +4,8 @@ A farmer's open map holds one `GET /v1/events/stream`. Each worker keeps ONE fee
 open streams: a cursor in the farm's event stream (Redis), read with a non-blocking XREAD on the
 asyncio cluster client when a change notice names the farm (api/invalidation.py: the job's tasks
 announce the farms they wrote after every micro-batch, once their events are in the farm's stream)
-and, for a farm no notice named for `poll_s`, then anyway (a notice can be lost). What is read is
+and, for a farm nothing read for `poll_s` (5 s), then anyway: a safety net, since notices come after
+the events and a broken subscription reads every feed when it is back (api/invalidation.py). What is read is
 rendered once as an SSE frame and that frame is put on each stream's own bounded queue. No thread
 and no blocking Redis call per stream: 2,000 open maps cost 2,000 small queues and, per micro-batch,
 one read per farm that changed.
@@ -48,7 +49,7 @@ class _Feed:
 
 class EventHub:
     def __init__(self, aredis, per_farm: int = 100, per_worker: int = 5000, queue_max: int = 1000,
-                 poll_s: float = 1.0) -> None:
+                 poll_s: float = 5.0) -> None:
         self.aredis = aredis
         self.per_farm, self.per_worker, self.queue_max, self.poll_s = per_farm, per_worker, queue_max, poll_s
         self.feeds: dict[str, _Feed] = {}
@@ -117,7 +118,7 @@ class EventHub:
             due, self._due = self._due, set()
             self._wake.clear()
             # the periodic read, in case a notice was lost: only feeds nothing has read for poll_s
-            # (2,000 farms read every second cost a worker more than the notices' reads)
+            # (every farm's feed read every second cost a worker more than the notices' reads)
             stale = time.monotonic() - self.poll_s
             due.update(f for f, feed in self.feeds.items() if feed.read_at < stale)
             if due:
