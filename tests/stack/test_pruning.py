@@ -93,3 +93,19 @@ def test_failed_webhook_deliveries_are_bounded_and_go_with_the_last_webhook(stac
     assert redis.llen(failed_key(farm.farm_id)) == 10          # another webhook is left
     assert farm.api.delete(f"/v1/webhooks/{hooks[1]}").status_code == 204
     assert not redis.exists(failed_key(farm.farm_id))
+
+
+def test_history_compaction_beside_the_running_job_keeps_every_position(stack):
+    from fencing.model.history_compact import compact
+    farm = Farm(stack, "compaction")
+    farm.device("cow-h")
+    for point in (INSIDE, OUTSIDE, INSIDE):        # three batches at least: three small files
+        farm.wait_seen("cow-h", farm.report("cow-h", point)[0])
+    history = farm.api.get("/v1/positions/history", params={"device_id": "cow-h"})
+    assert history.status_code == 200 and len(history.json()["features"]) == 3, history.text
+    root = stack.settings.history_dir
+    files_before = len(list(root.glob("day=*/*.parquet")))
+    done = compact(str(root), *_replay_floor(stack))     # while the job goes on writing
+    assert done.merged_files >= 3 and len(list(root.glob("day=*/*.parquet"))) < files_before
+    again = farm.api.get("/v1/positions/history", params={"device_id": "cow-h"})
+    assert again.json() == history.json()
