@@ -15,6 +15,11 @@ Each entry's deletion time lives in `{fences:deleted}:at` (the same slot as the 
 dropped only if it still carries the deletion time the sweep saw: a fence re-created or deleted again
 meanwhile is left alone. A stray members hash the job may have written for the fence while its
 deletion was in flight is dropped with it (unless the fence exists again).
+
+The window left: a state that moves between the nodes' scans (a device changing cell group, a slot
+the elastic controller migrates) while the sweep runs can be missed; if it still names the fence, that
+device's next report may then give one `exit` event for the fence that is gone. It takes a device that
+has not reported since the deletion (an hour or more) to move in those seconds.
 """
 from __future__ import annotations
 
