@@ -3,9 +3,12 @@
 A farmer's open map holds one `GET /v1/events/stream`. Each worker keeps ONE feed per farm that has
 open streams: a cursor in the farm's event stream (Redis), read with a non-blocking XREAD on the
 asyncio cluster client when a change notice names the farm (api/invalidation.py: the job's tasks
-announce the farms they wrote after every micro-batch) and at least every `poll_s` anyway. What is
-read is put on each stream's own bounded queue. No thread and no blocking Redis call per stream:
-2,000 open maps cost 2,000 small queues and, per micro-batch, one read per farm.
+announce the farms they wrote after every micro-batch, once their events are in the farm's stream)
+and, for a farm nothing read for `poll_s` (5 s), then anyway: a safety net, since notices come after
+the events and a broken subscription reads every feed when it is back (api/invalidation.py). What is read is
+rendered once as an SSE frame and that frame is put on each stream's own bounded queue. No thread
+and no blocking Redis call per stream: 2,000 open maps cost 2,000 small queues and, per micro-batch,
+one read per farm that changed.
 
 A stream whose queue is full (a client that does not read) is dropped, not buffered without bound;
 its browser reconnects with Last-Event-ID and catches up from the farm's stream. Streams per farm
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 
 from fencing.model import keys
@@ -40,11 +44,12 @@ class _Feed:
     cursor: str
     subscribers: set[Subscriber] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    read_at: float = 0.0                 # monotonic time of the last read
 
 
 class EventHub:
     def __init__(self, aredis, per_farm: int = 100, per_worker: int = 5000, queue_max: int = 1000,
-                 poll_s: float = 1.0) -> None:
+                 poll_s: float = 5.0) -> None:
         self.aredis = aredis
         self.per_farm, self.per_worker, self.queue_max, self.poll_s = per_farm, per_worker, queue_max, poll_s
         self.feeds: dict[str, _Feed] = {}
@@ -85,7 +90,7 @@ class EventHub:
                 missed = await self._redis("xrange", keys.event_stream(farm_id), f"({last_id}", feed.cursor,
                                            self.queue_max)
                 for entry_id, fields in missed:
-                    sub.queue.put_nowait((entry_id, fields["event"]))
+                    sub.queue.put_nowait(frame(entry_id, fields["event"]))
             feed.subscribers.add(sub)
         return sub
 
@@ -107,11 +112,15 @@ class EventHub:
         """For the worker's lifetime."""
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s)
-                due, self._due = self._due, set()
+                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s / 2)
             except asyncio.TimeoutError:
-                due = set(self.feeds)              # the periodic read, in case a notice was missed
+                pass
+            due, self._due = self._due, set()
             self._wake.clear()
+            # the periodic read, in case a notice was lost: only feeds nothing has read for poll_s
+            # (every farm's feed read every second cost a worker more than the notices' reads)
+            stale = time.monotonic() - self.poll_s
+            due.update(f for f, feed in self.feeds.items() if feed.read_at < stale)
             if due:
                 await asyncio.gather(*(self._read(f) for f in due if f in self.feeds))
 
@@ -120,6 +129,7 @@ class EventHub:
         if feed is None:
             return
         async with feed.lock:
+            feed.read_at = time.monotonic()
             try:
                 batch = await self._redis("xread", {keys.event_stream(farm_id): feed.cursor}, count=READ_COUNT)
             except Exception as err:  # noqa: BLE001 - a failover: the next pass reads again
@@ -128,9 +138,10 @@ class EventHub:
             entries = batch[0][1] if batch else []
             for entry_id, fields in entries:
                 feed.cursor = entry_id
+                data = frame(entry_id, fields["event"])     # rendered once for all of the farm's streams
                 for sub in list(feed.subscribers):
                     try:
-                        sub.queue.put_nowait((entry_id, fields["event"]))
+                        sub.queue.put_nowait(data)
                     except asyncio.QueueFull:
                         sub.dropped = True                 # a client that does not read: let it go
                         feed.subscribers.discard(sub)
@@ -141,6 +152,11 @@ class EventHub:
             self._wake.set()
         if not feed.subscribers:
             self.feeds.pop(farm_id, None)
+
+
+def frame(entry_id: str, event: str) -> bytes:
+    """One event as an SSE frame."""
+    return f"id: {entry_id}\nevent: fence\ndata: {event}\n\n".encode()
 
 
 def _before(a: str, b: str) -> bool:
@@ -167,7 +183,6 @@ async def frames(hub: EventHub, sub: Subscriber, is_disconnected, keepalive_s: f
                 continue
             if item is None:
                 return
-            entry_id, event = item
-            yield f"id: {entry_id}\nevent: fence\ndata: {event}\n\n".encode()
+            yield item
     finally:
         hub.unsubscribe(sub)

@@ -10,7 +10,7 @@ from api import tenancy, time_in_fence
 from api.auth import Principal, farm_principal
 from api.errors import not_found, unprocessable
 from fencing.model import fence_store
-from fencing.model.timeutil import iso, to_ms
+from fencing.model.timeutil import MIN_MS, iso, to_ms
 
 router = APIRouter(prefix="/v1", tags=["queries"])
 
@@ -57,7 +57,8 @@ def get_time_in_fence(
         who: Principal = Depends(farm_principal)) -> dict:
     now_ms = int(time.time() * 1000)
     to_ms_ = _time("to", to, now_ms)
-    from_ms = _time("from", from_, to_ms_ - DEFAULT_SPAN_MS)
+    # the default period must not start before year 1 (an answer could not name its start)
+    from_ms = _time("from", from_, max(MIN_MS, to_ms_ - DEFAULT_SPAN_MS))
     if from_ms >= to_ms_:
         raise unprocessable("from: must be before to")
     if to_ms_ - from_ms > MAX_SPAN_MS:

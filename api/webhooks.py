@@ -89,8 +89,11 @@ def list_webhooks(request: Request, who: Principal = Depends(farm_principal)) ->
 
 @router.delete("/webhooks/{hook_id}", status_code=204, summary="Remove a webhook")
 def delete_webhook(hook_id: str, request: Request, who: Principal = Depends(farm_principal)) -> Response:
-    if not request.app.state.redis.hdel(hooks_key(who.farm_id), hook_id):
+    redis = request.app.state.redis
+    if not redis.hdel(hooks_key(who.farm_id), hook_id):
         raise not_found("webhook")
+    if not redis.hlen(hooks_key(who.farm_id)):
+        redis.delete(failed_key(who.farm_id))    # no webhook left: its failures concern nobody any more
     return Response(status_code=204)
 
 
@@ -172,7 +175,14 @@ class Deliverer:
             except httpx.HTTPError as err:
                 problem = type(err).__name__
             await asyncio.sleep(delay)
-        failed = failed_key(farm_id)
-        await run_in_threadpool(self.redis.lpush, failed, orjson.dumps(
-            {"webhook": hook["id"], "reason": problem, "event": orjson.loads(body)}))
-        await run_in_threadpool(self.redis.ltrim, failed, 0, FAILED_KEEP - 1)
+        await run_in_threadpool(record_failure, self.redis, farm_id, hook["id"], problem, body)
+
+
+def record_failure(redis, farm_id: str, hook_id: str, reason: str, body: bytes, keep: int = FAILED_KEEP) -> None:
+    """A delivery that failed for good, kept for the operator: the newest `keep` per farm (pushed and
+    trimmed in one round trip, so the list never holds more)."""
+    failed = failed_key(farm_id)
+    pipe = redis.pipeline()
+    pipe.lpush(failed, orjson.dumps({"webhook": hook_id, "reason": reason, "event": orjson.loads(body)}))
+    pipe.ltrim(failed, 0, keep - 1)
+    pipe.execute()

@@ -24,6 +24,7 @@ import redis
 
 from deploy import broker, procs, redis_cluster
 from fencing.config import DeployError, Settings
+from fencing.model import history_compact
 
 DATA_DIRS = ("redis", "broker", "checkpoint", "history")
 MANIFEST = "herdfence-backup.json"
@@ -74,10 +75,11 @@ def reset(settings: Settings, yes: bool) -> list[Path]:
 
 
 # --- backup --------------------------------------------------------------------------------------
-def _copy_tree(src: Path, dst: Path, first: tuple[str, ...] = ()) -> int:
+def _copy_tree(src: Path, dst: Path, first: tuple[str, ...] = (), skip_existing: bool = False) -> int:
     """Copy files under src into dst; files whose name ends with one of `first` go first. Files that
     vanish while we copy (a compacted AOF, a replaced object) are skipped."""
-    files = [p for p in src.rglob("*") if p.is_file() and not p.name.endswith(".tmp")]
+    files = [p for p in src.rglob("*") if p.is_file() and not p.name.endswith(".tmp")
+             and not (skip_existing and (dst / p.relative_to(src)).exists())]
     files.sort(key=lambda p: (not p.name.endswith(first) if first else False, str(p)))
     copied = 0
     for p in files:
@@ -89,6 +91,20 @@ def _copy_tree(src: Path, dst: Path, first: tuple[str, ...] = ()) -> int:
         except FileNotFoundError:
             continue
     return copied
+
+
+def _copy_history(src: Path, dst: Path, passes: int = 5) -> int:
+    """The history while the job may compact it: a merged file written during the copy holds rows of
+    sources that vanished before we reached them, so new files are copied until none appear, and then
+    the sources a merged file lists are dropped from the copy (each row once)."""
+    size = _copy_tree(src, dst)
+    for _ in range(passes):
+        added = _copy_tree(src, dst, skip_existing=True)
+        size += added
+        if not added:
+            break
+    history_compact.finish_interrupted(str(dst))
+    return size
 
 
 def _rewrite_aof(port: int, timeout: float = 120.0) -> None:
@@ -133,7 +149,7 @@ def backup(settings: Settings, dest: Path) -> dict:
                                                  first=(".manifest", "nodes.conf"))
     if (home / "history").exists():
         _say("copying the position history")
-        sizes["history"] = _copy_tree(home / "history", dest / "history")
+        sizes["history"] = _copy_history(home / "history", dest / "history")
     if broker.data_dir(settings).exists():
         _say("copying the broker log (metadata first)")
         sizes["broker"] = _copy_tree(broker.data_dir(settings), dest / "broker", first=(".json",))

@@ -11,13 +11,13 @@ import orjson
 import shapely
 
 from fencing.model import keys, notify
+from fencing.model.deleted_fences import DELETED_FENCES, mark as mark_deleted, unmark as unmark_deleted  # noqa: F401 - DELETED_FENCES: the job reads it from here
 from fencing.model.geometry import FenceError, cover, groups_of, parse_fence_geometry
 from fencing.model.h3util import cell_to_str
 from fencing.model.timeutil import iso, to_ms
 
 DEFAULT_DEBOUNCE_REPORTS = 2
 DEFAULT_DEBOUNCE_SECONDS = 30.0
-DELETED_FENCES = "fences:deleted"   # set of fence uids; the job drops their state and emits nothing more
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,9 @@ class FenceRules:
             value = props.get(name)
             if value is None:
                 return None
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+            # a Python int of 400 digits is a number here, but overflows numpy's isfinite: test floats only
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                    isinstance(value, float) and not np.isfinite(value)):
                 raise FenceError(f"properties.{name} must be a number")
             if integer and int(value) != value:
                 raise FenceError(f"properties.{name} must be an integer")
@@ -200,7 +202,7 @@ def save_fence(redis, farm_id: str, fence_id: str, fence: ValidFence) -> dict:
     _set_window(pipe, farm_id, fence_id, rules)
     if fence.groups:
         pipe.sadd(keys.FENCE_GROUPS, *fence.groups)
-    pipe.srem(DELETED_FENCES, uid)
+    unmark_deleted(pipe, [uid])
     pipe.execute()
     notify.live_changed(redis, [farm_id])
     return feature
@@ -250,7 +252,7 @@ def delete_fence(redis, farm_id: str, fence_id: str) -> bool:
         return False
     uid = fence_uid(farm_id, fence_id)
     pipe = redis.pipeline()
-    pipe.sadd(DELETED_FENCES, uid)
+    mark_deleted(pipe, [uid])
     for group in previous["groups"]:
         pipe.hdel(keys.group_fences(group), uid)
         pipe.incr(keys.group_version(group))
@@ -463,7 +465,7 @@ def save_fences_bulk(redis, farm_id: str | None, fences, chunk: int = 5_000) -> 
         for farm, docs in farm_docs.items():
             pipe.execute_command("MSET", *[x for kv in docs.items() for x in kv])
             pipe.sadd(keys.farm_fences(farm), *[key.rsplit(":", 1)[1] for key in docs])
-        pipe.srem(DELETED_FENCES, *uids)
+        unmark_deleted(pipe, uids)
         pipe.execute()
         pipe_windows.execute()
         notify.live_changed(redis, farm_docs)

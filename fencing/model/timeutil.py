@@ -11,7 +11,8 @@ def iso(ms: int | float | None) -> str | None:
     if ms is None:
         return None
     moment = datetime.fromtimestamp(int(ms) / 1000, tz=timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(ms) % 1000:03d}Z"
+    # the year by hand: strftime's %Y does not pad years before 1000 ("1-01-01" is not ISO 8601)
+    return f"{moment.year:04d}" + moment.strftime("-%m-%dT%H:%M:%S.") + f"{int(ms) % 1000:03d}Z"
 
 
 def iso_many(ms: list[int]) -> list[str]:
@@ -39,7 +40,7 @@ def _to_ms(value) -> int:
     if isinstance(value, bool):
         raise ValueError("time must be ISO 8601 or epoch milliseconds")
     if isinstance(value, (int, float)):
-        if not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):   # (an int of 400 digits would overflow it)
             raise ValueError("time must be finite")
         return int(value)
     if isinstance(value, str):

@@ -35,6 +35,7 @@ from fencing.stream.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OU
     ProcessContext, process_partition
 from fencing.stream.keep_warm import ACTIVE_WARM_KEY, STANDBY_WARM_KEY, KeepWarm
 from fencing.model.redis_conn import cluster
+from fencing.stream.pruning import DeletedFencePruner, HistoryCompactor
 from fencing.stream.retention import RETENTION_DAYS, EventRetention
 from fencing.stream.silent import SEEN_STEP_MS, SilentScanner
 from fencing.stream.sinks import Sinks
@@ -246,6 +247,9 @@ def main() -> None:
     SilentScanner(processor.redis, processor.sinks).start()
     if RETENTION_DAYS > 0:
         EventRetention(processor.redis).start()
+    DeletedFencePruner(processor.redis, processor.checkpoint, lambda: processor.run_id).start()
+    if settings.history_dir:
+        HistoryCompactor(str(settings.history_dir), processor.checkpoint, lambda: processor.run_id).start()
     log.info("herdfence job active (lease epoch %d): kafka=%s redis=%s:%s master=%s", processor.epoch,
              settings.kafka_bootstrap, *settings.redis_node, settings.spark_master_url)
 

@@ -125,12 +125,15 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     events, latest_row = outcome.events, outcome.latest_row
     devices.frame_ts, devices.frame_lat, devices.frame_lon = outcome.ts, outcome.lat, outcome.lon
     clock.lap("advance")
-    _write_all(redis, ctx.version, devices, states, latest_row, events, counter, ctx.seen_step_ms, ctx.epoch,
-               outcome.dropped)
+    changed = _write_all(redis, ctx.version, devices, states, latest_row, events, counter, ctx.seen_step_ms,
+                         ctx.epoch, outcome.dropped)
     clock.lap("write")
     # the task's events into their farms' logs (once per event id) before the batch commits: a
     # replay recomputes the same ids, and the driver only produces them to Kafka
     event_log(redis).add([e.__dict__ for e in events], ctx.epoch)
+    # after the writes AND the events: API workers drop cached answers, and their live streams read
+    # the farm's events at once (announced before the events, a stream waited for its next poll)
+    notify.live_changed(redis, changed)
     clock.lap("events")
     group_points = Counter(frame["grp"].tolist())
     stats = PartitionStats(partition, points=len(frame), devices=len(devices.dkeys), groups=dict(group_points),
@@ -206,10 +209,11 @@ def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter
 
 def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceState], latest_row: np.ndarray,
                events: list[Event], counter: CallCounter, seen_step_ms: int = 0, epoch: int = 0,
-               dropped: list[tuple[str, str, int]] = ()) -> None:
+               dropped: list[tuple[str, str, int]] = ()) -> set[str]:
     """All writes of the task in one pipeline, batched per key: device state per home group, device
     locations per bucket, positions per farm, position index per cell, members per fence. Plain
-    overwrites and set operations, so a replayed batch writes the same values again."""
+    overwrites and set operations, so a replayed batch writes the same values again. Returns the farms
+    written (for the change notice)."""
     state_by_home: dict[str, dict[str, bytes]] = {}
     removed_by_old: dict[str, list[str]] = {}
     locations: dict[str, dict[str, str]] = {}
@@ -292,6 +296,5 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
     for (farm_id, fence_id), mapping in entered.items():
         pipe.hset(keys.members(farm_id, fence_id), mapping)
     pipe.execute()
-    # after the writes: API workers drop their cached answers for these farms
-    notify.live_changed(redis, set(positions) | {farm for farm, _ in entered} | {farm for farm, _ in exited})
+    return set(positions) | {farm for farm, _ in entered} | {farm for farm, _ in exited}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import orjson
 
 from fencing.model.timeutil import iso_many
-from fencing.model import keys
+from fencing.model import keys, notify
 from fencing.model.lease import FENCE_PRELUDE, epoch_key
 from fencing.model.node_pipe import NodePipeline
 
@@ -131,6 +131,7 @@ class Sinks:
     def write_once(self, events: list[dict]) -> int:
         """Events outside any batch (the silent scanner): Kafka gets only those new to Redis."""
         new = self.log.add(events, self.epoch)
+        notify.live_changed(self.redis, {e["farm_id"] for e, _ in new})   # live streams read them now
         self.producer.produce_records("fence.events", [((e["fence_id"] or e["device_id"]).encode(), public)
                                                        for e, public in new])
         return len(new)

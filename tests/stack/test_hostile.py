@@ -450,3 +450,96 @@ def test_ui_has_a_content_security_policy(stack):
     assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-eval" not in csp
     assert page.headers["x-content-type-options"] == "nosniff" and page.headers["x-frame-options"] == "DENY"
     assert stack.client(None).get("/healthz").headers["referrer-policy"] == "no-referrer"
+
+
+# --- every route that takes input, case by case (issue 18, item 3) --------------------------------
+def _route_inputs(fence_id: str) -> list[tuple[str, str]]:
+    """(method, path) of every route that takes a body."""
+    return [("POST", "/v1/reports"), ("POST", "/v1/fences"), ("PUT", f"/v1/fences/{fence_id}"),
+            ("POST", "/v1/query/within"), ("POST", "/v1/devices"), ("POST", "/v1/webhooks"),
+            ("POST", "/v1/events/stream-token")]
+
+
+def test_invalid_utf8_and_deep_nesting_on_every_body_route(farm):
+    fence_id = farm.fence(square(8.50, 47.00))
+    bodies = [b'{"device_id":"\xff\xfe"}', b'{"url":"http://\xc0\x80/"}', b'\xed\xa0\x80',
+              b'{"a":' * 100_000 + b"1" + b"}" * 100_000, b"[" * 100_000]
+    for method, path in _route_inputs(fence_id):
+        for body in bodies:
+            resp = _raw(farm, method, path, body)
+            assert 400 <= resp.status_code < 500 or (path == "/v1/events/stream-token" and resp.status_code == 200), \
+                (method, path, body[:20], resp.status_code, resp.text[:200])
+
+
+def test_invalid_utf8_in_paths_and_query_strings(farm):
+    for path in ("/v1/time-in-fence?fence_id=%FF%FE", "/v1/time-in-fence?from=%FF", "/v1/events?device_id=%C3%28",
+                 "/v1/positions/history?device_id=%FF", "/v1/positions?herd=%FF", "/v1/devices/%FF%FE",
+                 "/v1/fences/%C3%28", "/v1/fences/%C3%28/devices"):
+        resp = farm.api.get(path)
+        # a filter that names nothing may answer an empty 200; an object that cannot exist is 4xx
+        assert 400 <= resp.status_code < 500 or (resp.status_code == 200 and "?" in path), \
+            (path, resp.status_code, resp.text[:200])
+        if resp.status_code >= 400:
+            _detail(resp)
+
+
+def test_fence_rules_with_overflowing_numbers_name_the_property(farm):
+    fence_id = farm.fence(square(8.50, 47.00))
+    geometry = json.dumps(square(8.50, 47.00))
+    for name in ("debounce_reports", "debounce_seconds", "dwell_seconds"):
+        for value in (HUGE, "-" + HUGE, "1e400"):
+            body = '{"type":"Feature","properties":{"name":"x","%s":%s},"geometry":%s}' % (name, value, geometry)
+            for method, path in (("POST", "/v1/fences"), ("PUT", f"/v1/fences/{fence_id}")):
+                resp = _raw(farm, method, path, body)
+                assert resp.status_code == 422 and name in _detail(resp), (method, name, value, resp.text[:200])
+
+
+def test_time_in_fence_refuses_absurd_times_and_ids(farm):
+    fence_id = farm.fence(square(8.50, 47.00))
+    for params in ({"to": "0001-01-01T00:00:00Z"}, {"to": "-62135596800000"}, {"from": "99999999999999999"},
+                   {"to": "9" * 400}, {"from": "-" + "9" * 30}, {"from": "10000-01-01T00:00:00Z"},
+                   {"from": "2026-01-02T00:00:00Z", "to": "2026-01-01T00:00:00Z"},
+                   {"from": "0001-01-01T00:00:00Z", "to": "9999-12-31T23:59:59Z"}, {"from": "nan"}, {"to": "\n"}):
+        for extra in ({}, {"fence_id": fence_id}):
+            resp = farm.api.get("/v1/time-in-fence", params={**params, **extra})
+            assert resp.status_code == 422, (params, resp.status_code, resp.text[:200])
+            assert "from" in _detail(resp) or "to" in _detail(resp), resp.text
+    # the first day of the calendar is a period it can answer for
+    resp = farm.api.get("/v1/time-in-fence", params={"to": "0001-01-02T00:00:00Z"})
+    assert resp.status_code == 200 and resp.json()["from"].startswith("0001-01-01"), resp.text
+    for ids in ({"fence_id": fence_id + "\n"}, {"device_id": "cow\n"}, {"fence_id": "x" * 201},
+                {"device_id": "fences:deleted:never-registered"}):
+        resp = farm.api.get("/v1/time-in-fence", params=ids)
+        assert resp.status_code in (404, 422), (ids, resp.status_code, resp.text[:200])
+        _detail(resp)
+
+
+def test_devices_named_like_internal_keys_stay_data(stack, farm):
+    """Device ids within the alphabet may look like internal keys: they are fields and members of the
+    farm's own keys, never key names, so they neither reach nor break what they look like."""
+    redis = stack.redis
+    kinds = {k: redis.type(k) for k in ("devreg", "fences:deleted", "farms")}
+    for device_id in ("devreg", "fences:deleted", "apikey:0", "farms", "routing", "..", "-1"):
+        resp = farm.api.post("/v1/devices", json={"device_id": device_id})
+        assert resp.status_code == 201, (device_id, resp.text)
+        resp = farm.api.post("/v1/reports", json={"reports": [
+            {"device_id": device_id, "ts": int(time.time() * 1000) - 1000, "lat": 47.0, "lon": 8.0}]})
+        assert resp.status_code == 202 and resp.json()["accepted"] == 1, resp.text
+        for path in (f"/v1/devices/{quote(device_id, safe='')}", f"/v1/devices/{quote(device_id, safe='')}%0A"):
+            resp = farm.api.get(path)
+            assert resp.status_code in (200, 404, 422), (path, resp.status_code, resp.text[:200])
+        resp = farm.api.get("/v1/time-in-fence", params={"device_id": device_id})
+        assert resp.status_code == 200, resp.text
+    assert {k: redis.type(k) for k in kinds} == kinds
+    for method, path in (("GET", "/v1/fences/devreg%0A"), ("GET", "/v1/fences/f-1%0A/devices"),
+                         ("DELETE", "/v1/devices/devreg%0A/token"), ("DELETE", "/v1/webhooks/h%0A"),
+                         ("DELETE", "/v1/fences/devreg%0A")):
+        resp = farm.api.request(method, path)
+        assert resp.status_code in (404, 422), (path, resp.status_code, resp.text[:200])
+
+
+def test_absurd_limits_are_422(farm):
+    for limit in ("99999999999999999999999", HUGE, "1e3", "nan", "inf", "1.5", "-1", "0"):
+        for path, extra in (("/v1/events", {}), ("/v1/positions/history", {"device_id": "cow"})):
+            resp = farm.api.get(path, params={"limit": limit, **extra})
+            assert resp.status_code == 422 and "limit" in _detail(resp), (path, limit, resp.text[:200])

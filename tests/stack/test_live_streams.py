@@ -116,3 +116,37 @@ def test_reconnect_with_last_event_id_catches_up(stack):
                     break
     assert rest == ["exit", "enter"]
     assert farm.api.get("/v1/events/stream", headers={"Last-Event-ID": "not-an-id"}).status_code == 422
+
+
+def test_the_change_notice_comes_after_the_events_so_no_poll_is_waited_for(stack):
+    """The job's task announces a farm once its events are in the farm's stream: a hub that only
+    polls every 2 minutes gets the event from the notice alone (announced before the events, the
+    read it triggers found nothing and the event waited for the poll)."""
+    from api import invalidation
+    from api.event_hub import EventHub
+    from fencing.model import notify
+    from fencing.model.redis_conn import async_cluster
+
+    farm = Farm(stack, "notice order")
+    fence_id = farm.fence(square(8.50, 47.00))
+    farm.device("cow-n")
+
+    async def main() -> bytes:
+        hub = EventHub(async_cluster(*stack.settings.redis_node), poll_s=240)
+        invalidation.on(notify.LIVE, hub.changed)
+        tasks = [asyncio.create_task(invalidation.listen(stack.settings.redis_nodes)), asyncio.create_task(hub.run())]
+        try:
+            sub = await hub.subscribe(farm.farm_id, None)
+            for _ in range(100):
+                if invalidation.listening():
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.to_thread(farm.report, "cow-n", INSIDE, INSIDE2)
+            return await asyncio.wait_for(sub.queue.get(), 60)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    frame = asyncio.run(main())
+    event = json.loads(frame.decode().split("data: ", 1)[1])
+    assert (event["type"], event["fence_id"], event["device_id"]) == ("enter", fence_id, "cow-n")
