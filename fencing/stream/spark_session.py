@@ -69,10 +69,11 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
             builder = (builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
                        .config("spark.driver.extraJavaOptions", LOCAL_JVM_OPTIONS))
         else:
-            conf = cluster_conf()
-            if standby and conf.get("spark.dynamicAllocation.enabled") == "true":
-                conf.update({"spark.dynamicAllocation.minExecutors": "0",
-                             "spark.dynamicAllocation.initialExecutors": "0"})
+            # A standby asks for no executor while it waits. Without dynamic allocation a standalone
+            # application takes every free core at once (the embedded cluster scales the active job by
+            # explicit requests): so the standby always runs with it, from 0 executors.
+            conf = cluster_conf({**os.environ, "HERDFENCE_DYNAMIC_ALLOCATION": "1", "HERDFENCE_MIN_EXECUTORS": "0",
+                                 "HERDFENCE_INITIAL_EXECUTORS": "0"}) if standby else cluster_conf()
             for k, v in conf.items():
                 builder = builder.config(k, v)
     builder = (builder.config("spark.ui.enabled", "false")
