@@ -147,7 +147,7 @@ def main() -> None:
                     stop.set()
                     # `down` stops this supervisor too (it is exiting anyway), then everything else
                     subprocess.Popen([sys.executable, "-m", "deploy.cli", "down"], start_new_session=True,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                                     stdout=sys.stderr, stderr=sys.stderr)     # into the supervisor's log
         threading.Thread(target=watch_owner, name="owner", daemon=True).start()
     Supervisor(settings).run(stop)
 

@@ -427,8 +427,12 @@ def test_a_stack_stops_when_its_owner_process_is_gone(tmp_path):
         assert alive(component.pid) and supervisor.poll() is None, "nothing stops while the owner lives"
         owner.kill()
         owner.wait()
-        wait_until(lambda: supervisor.poll() is not None and not alive(component.pid), 30, interval=0.2,
-                   what="the supervisor to stop the stack of a gone owner")
+        try:
+            wait_until(lambda: supervisor.poll() is not None and not alive(component.pid), 90, interval=0.2,
+                       what="the supervisor to stop the stack of a gone owner")
+        except AssertionError as e:
+            supervisor.kill()
+            raise AssertionError(f"{e}\nsupervisor: {supervisor.stderr.read()}") from None
         assert "owner pid" in supervisor.stderr.read()
     finally:
         for pid in (component.pid, supervisor.pid):
