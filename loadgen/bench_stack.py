@@ -61,7 +61,8 @@ def bench_stack(private_ports: dict[str, str] | None = None, keep: bool = False)
         return
     home = Path(tempfile.mkdtemp(prefix="herdfence-bench-"))
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("HERDFENCE_") or k in ("HERDFENCE_TRIGGER", "HERDFENCE_MAX_OFFSETS_PER_TRIGGER")}
+           if not k.startswith("HERDFENCE_") or k in ("HERDFENCE_TRIGGER", "HERDFENCE_MAX_OFFSETS_PER_TRIGGER",
+                                                     "HERDFENCE_JOB_STANDBY", "HERDFENCE_BROKER_KEEP_SECONDS")}
     # the private stack stops by itself if this process dies (killed, OOM) before it stops the stack
     env.update(private_ports or PRIVATE_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_OWNER_PID=str(os.getpid()))
     priv = load_settings(env)

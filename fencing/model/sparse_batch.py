@@ -37,7 +37,9 @@ class FarmFences:
     index: dict[str, int]                  # uid → position
 
     @classmethod
-    def build(cls, uids: list[str], geoms: list, fence_farm: dict[str, str]) -> "FarmFences":
+    def build(cls, uids: list[str], geoms: list, fence_farm: dict[str, str], convex: list[bool] | None = None
+              ) -> "FarmFences":
+        """`convex`: each fence's flag when the caller knows it (fencing.stream.fence_cache keeps them)."""
         farm = np.array([fence_farm.get(u, "") for u in uids], dtype=object)
         order = np.argsort(farm, kind="stable")
         uids_a = np.array(uids, dtype=object)[order] if uids else np.empty(0, object)
@@ -45,7 +47,8 @@ class FarmFences:
         farm = farm[order]
         edges = np.flatnonzero(np.r_[True, farm[1:] != farm[:-1], True]) if len(farm) else np.zeros(1, np.int64)
         farms = {farm[a]: (int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])}
-        return cls(uids_a, geoms_a, shapely.bounds(geoms_a).reshape(-1, 4), convex_polygons(geoms_a), farms,
+        flags = np.asarray(convex, dtype=bool)[order] if convex is not None and uids else convex_polygons(geoms_a)
+        return cls(uids_a, geoms_a, shapely.bounds(geoms_a).reshape(-1, 4), flags, farms,
                    {u: i for i, u in enumerate(uids_a.tolist())})
 
     def candidates(self, farm: np.ndarray, x0, y0, x1, y1, chunk: int = 2_000_000) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,8 @@ import orjson
 import pandas as pd
 import shapely
 
+from fencing.model.crossings import convex_polygons
+
 from fencing.model import keys
 from fencing.model.fence_store import FenceRules
 from fencing.model.geometry import group_names
@@ -69,6 +71,9 @@ class FenceCache:
     _holders: dict[str, set[str]] = field(default_factory=dict)    # uid → groups that hold it
     preload: bool = False          # the first refresh loads every group (see `refresh`)
     _tree: "FarmFences | None" = None   # every cached fence by farm, for segments; None = to build
+    # uid → (its geometry, convex?): a rebuild of `_tree` after a group load tests only new geometries
+    # (a convex hull of every cached fence per rebuild was a quarter of a flood's process stage at 100k)
+    _convex: dict[str, tuple[shapely.Geometry, bool]] = field(default_factory=dict)
     _preloaded: bool = False
 
     def __len__(self) -> int:
@@ -185,7 +190,16 @@ class FenceCache:
     def farm_fences(self) -> FarmFences:
         """Every cached fence grouped by farm (for segments), built on first use after a change."""
         if self._tree is None:
-            self._tree = FarmFences.build(list(self._geoms), [g for _, g in self._geoms.values()], self.fence_farm)
+            uids, geoms = list(self._geoms), [g for _, g in self._geoms.values()]
+            known = self._convex
+            new = [i for i, (u, g) in enumerate(zip(uids, geoms)) if known.get(u, (None,))[0] is not g]
+            if new:
+                flags = convex_polygons(np.array([geoms[i] for i in new], dtype=object))
+                known.update((uids[i], (geoms[i], bool(f))) for i, f in zip(new, flags.tolist()))
+            if len(known) > 2 * len(uids) + 1000:          # forget fences no longer cached
+                self._convex = {u: known[u] for u in uids}
+            self._tree = FarmFences.build(uids, geoms, self.fence_farm,
+                                          convex=[self._convex[u][1] for u in uids])
         return self._tree
 
     def _replace_groups(self, loaded: list[tuple[str, int, dict[str, dict]]]) -> None:

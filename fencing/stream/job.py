@@ -33,7 +33,7 @@ from fencing.model.lease import Lease, mark_standby
 from fencing.stream.prepare import unpack
 from fencing.stream.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
     ProcessContext, process_partition
-from fencing.stream.keep_warm import ACTIVE_WARM_KEY, STANDBY_WARM_KEY, KeepWarm
+from fencing.stream.keep_warm import ACTIVE_WARM_KEY, KEEP_WARM_S, STANDBY_WARM_KEY, KeepWarm
 from fencing.model.redis_conn import cluster
 from fencing.stream.pruning import DeletedFencePruner, HistoryCompactor
 from fencing.stream.retention import RETENTION_DAYS, EventRetention
@@ -46,6 +46,7 @@ log = logging.getLogger("herdfence.job")
 MAX_OFFSETS_PER_TRIGGER = TUNING.max_offsets_per_trigger
 TRIGGER = TUNING.trigger
 ELASTIC = TUNING.elastic
+STANDBY_WARM_EVERY_S = 45.0     # a standby's keep-warm period (Spark stops Python workers idle 60 s)
 
 
 class BatchProcessor:
@@ -221,6 +222,10 @@ def main() -> None:
     keep_warm = KeepWarm(spark, processor.redis, settings.redis_node, lambda: processor.last_batch_end,
                          status_key=STANDBY_WARM_KEY if not epoch else ACTIVE_WARM_KEY)
     keep_warm.planner = not epoch
+    if not epoch and keep_warm.every_s > 0:
+        # a standby shares the machine with the active job: warm just often enough that Spark, which
+        # stops a Python worker idle for a minute, keeps them (each run is three small Spark jobs)
+        keep_warm.every_s = max(keep_warm.every_s, STANDBY_WARM_EVERY_S)
     warm_executors = bool(epoch) or is_local(settings.spark_master_url)
     if warm_executors:
         _try(keep_warm.warm_once, "warming the Python workers")
@@ -237,7 +242,7 @@ def main() -> None:
     if not warm_executors:
         keep_warm.start()
         start_scale_watcher(spark)
-    keep_warm.status_key, keep_warm.planner = ACTIVE_WARM_KEY, False
+    keep_warm.status_key, keep_warm.planner, keep_warm.every_s = ACTIVE_WARM_KEY, False, KEEP_WARM_S
     if ELASTIC:
         from fencing.elastic.controller import Controller
         processor.observer = Controller(processor.redis)
