@@ -22,9 +22,8 @@ import orjson
 import pandas as pd
 import shapely
 
-from fencing.model.crossings import convex_polygons
-
 from fencing.model import keys
+from fencing.model.crossings import convex_polygons
 from fencing.model.fence_store import FenceRules
 from fencing.model.geometry import group_names
 from fencing.model.sparse_batch import FarmFences

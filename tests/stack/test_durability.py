@@ -198,6 +198,10 @@ def test_503_with_retry_after_while_redis_is_down(dstack):
         os.kill(supervisor, signal.SIGCONT)
     wait_until(lambda: farm.api.get("/v1/fences", headers={"Cache-Control": "no-cache"}).status_code == 200, 90,
                what="the supervisor to bring Redis back")
+    # back means writable on every node too (a fence is written across nodes), on both API workers
+    wait_until(lambda: all(farm.api.post("/v1/fences", json={"type": "Feature", "properties": {"name": "back"},
+                                                              "geometry": square(8.6 + i / 100, 47.1)}).status_code == 201
+                           for i in range(4)), 90, interval=1.0, what="writes to succeed again")
     assert [e["type"] for e in farm.events(device_id="sd-cow")] == ["enter", "exit"]
 
 
