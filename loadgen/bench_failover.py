@@ -210,8 +210,12 @@ def failover(rate: float, devices: int, fences: int, json_path: str | None, stea
             say(f"{mode}: {result}")
         writer.join()
         say("waiting for the job to drain, then reconciling events with the oracle")
-        _wait("the last reports to be processed", lambda: (sampler.samples and sampler.samples[-1][1] < threshold
-                                                            and time.time() - writer.ts[-1] / 1000 > 3), 180)
+        # drained: the feed has stopped, and the job has run no batch for 2 s (it runs none without new
+        # records); the freshness lag itself only grows once nothing new is sent
+        def drained() -> bool:
+            beat = read_heartbeat(redis)
+            return time.time() - writer.ts[-1] / 1000 > 3 and beat is not None and time.time() - beat.time > 2
+        _wait("the last reports to be processed", drained, 180)
         sampler.halt.set()
         reports["ts"] = writer.ts                     # as sent: the oracle judges what the job was given
         expected = expected_events(reports.assign(device_id=reports["device_id"].str.slice(len(loaded.device_prefix))),
