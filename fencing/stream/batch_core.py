@@ -97,7 +97,7 @@ def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray
         if done.dropped:
             dropped += [(uid, dkeys[d], t) for uid, t in done.dropped]
         if late_devices and d in late_devices:      # buffered fixes: replayed against the state they arrived after
-            rows = late_rows[(late_rows >= lo) & (late_rows < hi)].tolist()
+            rows = late_rows[np.searchsorted(late_rows, lo):np.searchsorted(late_rows, hi)].tolist()   # sorted rows
             events += late.replay(state, device_id, [(ts[r], lat[r], lon[r], matched[r]) for r in rows],
                                   cache.rules, deleted)
     return Outcome(events, dropped, latest_row, ts, lat, lon)
