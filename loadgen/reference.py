@@ -218,6 +218,8 @@ class Reference:
         self.devices: dict[str, _Device] = {}
         self.events: list[RefEvent] = []
         self._by_farm: dict[str, list[RefFence]] = {}
+        for f in self.fences:                   # grouped once: a scan per farm is quadratic at 100k fences
+            self._by_farm.setdefault(f.uid.partition("/")[0], []).append(f)
 
     def feed_batch(self, reports: list[RefReport]) -> None:
         """Reports arriving together: each in turn, then the late ones of each device replayed."""
@@ -235,9 +237,7 @@ class Reference:
         return self.fences_of_farm(device.partition("/")[0])
 
     def fences_of_farm(self, farm: str) -> list[RefFence]:
-        if farm not in self._by_farm:
-            self._by_farm[farm] = [f for f in self.fences if f.uid.partition("/")[0] == farm]
-        return self._by_farm[farm]
+        return self._by_farm.get(farm, [])
 
     def _replay(self, device: str, fixes: list[RefReport]) -> None:
         dev = self.devices[device]
@@ -352,8 +352,8 @@ def expected_events(reports_df, fences, device_farm) -> "pd.DataFrame":
     lon, lat = df["lon"].to_numpy(float), df["lat"].to_numpy(float)
     points = shapely.points(lon, lat)
     inside_rows: list[dict[str, bool]] = [{} for _ in range(len(df))]
-    for farm in pd.unique(farm_of_row):
-        rows = np.flatnonzero(farm_of_row == farm)
+    for farm, rows in pd.Series(np.arange(len(df))).groupby(farm_of_row, sort=False):
+        rows = rows.to_numpy()
         for f in ref.fences_of_farm(farm):
             shapely.prepare(f.geometry)
             hit = shapely.covers(f.geometry, points[rows])
