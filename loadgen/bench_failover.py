@@ -7,7 +7,8 @@ once a warm standby is back, the new active job is frozen (SIGSTOP) past its lea
 (SIGCONT). For each: the outage (from the fault until the lag is back to the steady level and stays
 there for 2 s), the worst lag, when the first heartbeat of the new holder came, and for the frozen
 job whether it wrote anything after the take-over. At the end, every event is reconciled with the
-oracle (loadgen.truth): lost and duplicated must be 0."""
+oracle (loadgen.reference, which also models the crossings inferred between fixes): lost and
+duplicated must be 0."""
 from __future__ import annotations
 
 import os
@@ -150,7 +151,8 @@ def failover(rate: float, devices: int, fences: int, json_path: str | None, stea
     from fencing.config import TUNING
     from loadgen.bench_load import load_simulation, read_events
     from loadgen.herd import SimConfig, simulate
-    from loadgen.truth import expected_events, reconcile
+    from loadgen.reference import expected_events
+    from loadgen.truth import reconcile
 
     points = int(rate * (steady_s + 150))
     say(f"simulating {devices} devices, {fences} fences, {points} reports to send at {rate:.0f}/s")

@@ -6,6 +6,13 @@ lease and epoch move together). The holder renews the lease every `ttl/5`; a hol
 renewals (killed, paused, cut off) loses it when it expires, and the standby takes it with the next
 epoch.
 
+A killed holder is noticed sooner than its TTL: it keeps a connection named after itself open to the
+lease's Redis node (its presence). The kernel closes that connection the moment the process dies, so
+a standby that sees the holder's presence gone on three polls in a row (0.2 s, longer than the
+holder takes to follow a moved slot) deletes the lease (only if that
+holder still has it) and takes it at once. A paused or cut-off holder keeps its connection (or cannot be
+told apart from one that does): the TTL decides, and the epoch fences whatever it writes afterwards.
+
 Losing the lease is not enough to stop an old driver: a paused process cannot notice anything. So
 every write of the job carries its epoch and is checked on the Redis side, atomically with the write,
 against the highest epoch that wrote into that hash slot (`{tag}:epoch`, a fencing token per slot):
@@ -25,7 +32,9 @@ log = logging.getLogger(__name__)
 
 LEASE_KEY = "{job}:lease"       # the holder's id, with a TTL
 EPOCH_KEY = "{job}:epoch"       # incremented by every take-over (same slot as the lease)
-STANDBY_KEY = "{job}:standby"   # the holder id of the job process standing by, warm, for the lease
+STANDBY_KEY = "{job}:standby"
+PRESENCE_PREFIX = "herdfence-lease:"   # CLIENT SETNAME of a job's presence connection, + its holder id
+ABSENT_POLLS = 3                 # a holder's presence missing this many polls in a row (0.2 s): it died   # the holder id of the job process standing by, warm, for the lease
 LUA_UNPACK_MAX = 7_000          # Lua's unpack() takes ~8,000 values at most: longer commands are split
 
 _ACQUIRE = """
@@ -117,6 +126,9 @@ class Lease:
         self._release = redis.register_script(_RELEASE)
         self.epoch = 0
         self._stop = threading.Event()
+        self._presence = None            # this process's named connection to the lease's node
+        self._presence_node: tuple[str, int] | None = None
+        self._absent: tuple[str | None, int] = (None, 0)    # (holder, polls its presence was missing)
 
     def try_acquire(self) -> int:
         """The new epoch if this call took the lease, else 0."""
@@ -124,8 +136,11 @@ class Lease:
 
     def acquire(self, poll_s: float = 0.1, stop: threading.Event | None = None, wait: bool = True) -> int:
         """The epoch once this process holds the lease (0: `stop` was set, or not free and not `wait`)."""
+        self._keep_presence()       # before taking the lease: a holder always has its presence
         while not (stop and stop.is_set()):
             try:
+                if wait and self._holder_dead():
+                    self._release(keys=[self.lease_key], args=[self._absent[0]])
                 epoch = self.try_acquire()
             except Exception as e:  # noqa: BLE001 - Redis away: keep waiting, the stack restarts it
                 log.warning("lease: cannot reach Redis (%s); retrying", e)
@@ -143,6 +158,7 @@ class Lease:
         every = self.ttl_ms / 5000.0
         deadline = time.monotonic() + self.ttl_ms / 1000.0
         while not self._stop.wait(every):
+            self._keep_presence()
             try:
                 if int(self._renew(keys=[self.lease_key], args=[self.holder, self.ttl_ms])):
                     deadline = time.monotonic() + self.ttl_ms / 1000.0
@@ -156,12 +172,62 @@ class Lease:
             self.on_lost()
             return
 
+    def _keep_presence(self) -> None:
+        """Keep this process's named connection open to the node that holds the lease's slot now (a
+        failed-over or migrated slot moves it)."""
+        try:
+            node = self.redis.get_node_from_key(self.lease_key)
+            where = (node.host, int(node.port))
+            if self._presence is not None and self._presence_node == where:
+                self._presence.ping()
+                return
+            self._close_presence()
+            self._presence, self._presence_node = presence_connection(where, PRESENCE_PREFIX + self.holder), where
+        except Exception as e:  # noqa: BLE001 - without it a standby waits for the TTL, or takes over early
+            self._close_presence()
+            log.debug("lease: no presence connection (%s)", e)
+
+    def _close_presence(self) -> None:
+        if self._presence is not None:
+            self._presence.close()
+        self._presence, self._presence_node = None, None
+
+    def _holder_dead(self) -> bool:
+        """The lease's holder has had no presence connection for ABSENT_POLLS polls in a row (killed)."""
+        self._keep_presence()
+        holder = self.redis.get(self.lease_key)
+        if self._presence is None or holder is None or holder == self.holder:
+            self._absent = (None, 0)
+            return False
+        try:
+            present = any(c.get("name") == PRESENCE_PREFIX + holder for c in self._presence.client_list())
+        except Exception:  # noqa: BLE001 - cannot tell: the TTL decides
+            self._absent = (None, 0)
+            return False
+        misses = 0 if present else (self._absent[1] + 1 if self._absent[0] == holder else 1)
+        self._absent = (holder, misses)
+        if misses >= ABSENT_POLLS:
+            log.warning("lease: the holder %s has no connection left (its process died): taking over", holder)
+            return True
+        return False
+
     def release(self) -> None:
         self._stop.set()
         try:
             self._release(keys=[self.lease_key], args=[self.holder])
         except Exception:  # noqa: BLE001 - it expires anyway
             pass
+        self._close_presence()
+
+
+def presence_connection(node: tuple[str, int], name: str):
+    """A plain connection to `node` named `name` (CLIENT LIST shows it; it closes when the process dies)."""
+    from redis import Redis
+
+    conn = Redis(host=node[0], port=node[1], decode_responses=True, socket_timeout=2,
+                 socket_connect_timeout=2, client_name=name)
+    conn.ping()
+    return conn
 
 
 def mark_standby(redis, holder: str) -> None:

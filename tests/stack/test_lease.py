@@ -83,3 +83,61 @@ def test_the_lease_is_held_renewed_and_taken_over_with_the_next_epoch(stack):
     first._stop.clear()
     threading.Thread(target=first._keep, daemon=True).start()  # resumed: it learns it lost the lease
     assert lost.wait(3)
+
+
+_HOLDER = """
+import sys, threading, time
+from fencing.model.lease import Lease
+from fencing.model.redis_conn import new_cluster
+host, port, tag, ttl = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+lease = Lease(new_cluster(host, port), "holder:" + tag, ttl, lambda: None,
+              lease_key="{%s}:lease" % tag, epoch_counter="{%s}:epoch" % tag)
+print(lease.acquire(), flush=True)
+threading.Event().wait()
+"""
+
+
+def _holder_process(stack, tag: str, ttl_ms: int):
+    import subprocess
+    import sys
+    host, port = stack.settings.redis_node
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, host, str(port), tag, str(ttl_ms)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "1"          # it holds the lease, epoch 1
+    return proc
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_killed_holder_is_replaced_before_its_ttl_a_paused_one_only_after(stack, fault):
+    """kill -9 closes the holder's presence connection: the standby takes over well inside the TTL.
+    A paused holder keeps its connection: nobody takes its lease before the TTL runs out."""
+    import os
+    import signal
+    redis = stack.redis
+    tag = f"leasetest-{time.time_ns()}"
+    ttl_ms = 6_000
+    holder = _holder_process(stack, tag, ttl_ms)
+    standby = Lease(redis, "standby:" + tag, ttl_ms, lambda: None,
+                    lease_key=f"{{{tag}}}:lease", epoch_counter=f"{{{tag}}}:epoch")
+    got: list[tuple[int, float]] = []
+    stop = threading.Event()
+    waiter = threading.Thread(target=lambda: got.append((standby.acquire(stop=stop), time.monotonic())), daemon=True)
+    try:
+        time.sleep(0.5)
+        faulted = time.monotonic()
+        os.kill(holder.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+        waiter.start()
+        waiter.join(ttl_ms / 1000 + 5)
+        assert got and got[0][0] == 2, "the standby never took the lease"
+        waited = got[0][1] - faulted
+        if fault == "kill":
+            assert waited < 2.0, f"took {waited:.1f} s: the presence connection was not noticed"
+        else:
+            # renewed every ttl/5: at least 4/5 of the TTL was left when it was paused
+            assert waited >= 0.8 * ttl_ms / 1000 - 0.3, f"a paused holder's lease was taken after {waited:.1f} s"
+        assert redis.get(f"{{{tag}}}:lease") == "standby:" + tag
+    finally:
+        stop.set()
+        standby.release()
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
