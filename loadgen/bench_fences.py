@@ -26,7 +26,6 @@ import argparse
 import gc
 import json
 import math
-import os
 import resource
 import secrets
 import shlex
@@ -69,10 +68,11 @@ def bench_redis(port: int = DEFAULT_PORT):
     from deploy import redis_cluster
     from fencing.config import load_settings
 
-    external = os.environ.get("HERDFENCE_REDIS")
+    configured = load_settings()               # HERDFENCE_REDIS: an external cluster to measure
+    external = configured.redis
     if external:
-        host, _, p = external.rpartition(":")
-        client = RedisCluster(host=host or "127.0.0.1", port=int(p), decode_responses=True, socket_timeout=60)
+        host, p = configured.redis_nodes[0]
+        client = RedisCluster(host=host, port=p, decode_responses=True, socket_timeout=60)
         yield client, {"kind": "external", "redis": external}, False
         return
     home = Path(tempfile.mkdtemp(prefix="herdfence-fencebench-"))
