@@ -37,6 +37,7 @@ $(STAMP): $(BIN)/python requirements.lock pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+	@$(BIN)/python -m deploy.pyspark_bytecode
 
 $(UI_DIR)/node_modules/.installed: $(UI_DIR)/package.json
 	cd $(UI_DIR) && npm install --no-audit --no-fund --loglevel=error

@@ -10,9 +10,9 @@ partitioner in Python, so no Spark job is needed on the executors.
 
 Options: herdkafka's, plus `redis` = a cluster node "host:port".
 
-The reading stage (fencing.stream.prepare: geometry, pandas, H3) is imported where it runs, not at the
-top: the driver's source runner, a fresh Python process started with the query (and again when a
-standby takes over), needs only the offsets' side.
+The reading stage (fencing.stream.prepare: geometry, pandas, H3) and the Redis client are imported where
+they run, not at the top: the driver's source runner, a fresh Python process started with the query
+(and again when a standby takes over, on its critical path), needs only the offsets' side.
 """
 from __future__ import annotations
 
@@ -20,8 +20,6 @@ from typing import Iterator
 
 import pyarrow as pa
 
-from fencing.elastic import routing
-from fencing.model.redis_conn import cluster
 from ingest.kafka_source import KafkaDataSource, KafkaRange, KafkaStreamReader, SourceOptions
 
 
@@ -34,6 +32,8 @@ class RoutedReportsReader(KafkaStreamReader):
         return {**super().__getstate__(), "redis_node": self.redis_node}
 
     def read(self, partition: KafkaRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        from fencing.elastic import routing
+        from fencing.model.redis_conn import cluster
         from fencing.stream.prepare import PrepareContext, prepare_partition
         from ingest.kafka_read import read_range
         host, port = self.redis_node
