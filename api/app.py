@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 from redis import exceptions as redis_errors
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi.responses import HTMLResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 
 import asyncio
@@ -109,9 +109,19 @@ def get_metrics(request: Request) -> PlainTextResponse:
     return PlainTextResponse(metrics.render(request.app.state.redis), media_type="text/plain; version=0.0.4")
 
 
+@lru_cache(maxsize=1)
+def _index_html() -> str:
+    """The page, told the server's settings it shows (a collar silent for HERDFENCE_SILENT_SECONDS is
+    "silent" on the map as in the events)."""
+    from fencing.config import TUNING
+    page = (UI_DIR / "index.html").read_text()
+    setting = f'<meta name="herdfence-silent-seconds" content="{TUNING.silent_after_s:g}">'
+    return page.replace("<meta charset=\"utf-8\">", "<meta charset=\"utf-8\">\n  " + setting, 1)
+
+
 @app.get("/", include_in_schema=False)
-def index() -> FileResponse:
-    return FileResponse(UI_DIR / "index.html")
+def index() -> HTMLResponse:
+    return HTMLResponse(_index_html())
 
 
 app.include_router(routes_fences.router)

@@ -47,3 +47,15 @@ def test_the_job_rewrites_the_index_lazily_and_positions_carry_the_arrival(stack
     assert indexed and arrived > indexed
     # rewritten only once the entry is SEEN_STEP_MS old (the test stack's silence: the default hour)
     assert now_indexed == (arrived if arrived - indexed >= SEEN_STEP_MS else indexed)
+
+
+def test_the_map_page_flags_silence_at_the_servers_threshold_not_its_own(stack):
+    """The page shows a collar as silent after HERDFENCE_SILENT_SECONDS, like the events (a collar that
+    reports every 15 minutes is not flagged between its fixes)."""
+    import re
+
+    from fencing.config import load_tuning
+    page = stack.client(None).get("/").text
+    found = re.search(r'<meta name="herdfence-silent-seconds" content="([0-9.]+)">', page)
+    assert found, "the page carries the server's silence threshold"
+    assert float(found.group(1)) == load_tuning(stack.env).silent_after_s

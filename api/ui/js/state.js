@@ -3,7 +3,10 @@ export const LS_KEY = 'herdfence.apiKey';
 export const LS_TILES = 'herdfence.tileUrl';
 export const LS_VIEW = 'herdfence.view';
 export const LS_SOUND = 'herdfence.sound';
-export const QUIET_MS = 15 * 60 * 1000;     // a device silent this long is shown as "quiet"
+// a device silent this long is shown as "silent": the server's HERDFENCE_SILENT_SECONDS (the page's meta),
+// the same threshold as its "silent" events, so a collar reporting every 15 minutes is not flagged
+const silentMeta = document.querySelector('meta[name="herdfence-silent-seconds"]');
+export const QUIET_MS = (Number(silentMeta && silentMeta.content) || 3600) * 1000;
 export const LOW_BATTERY = 20;               // percent
 
 export const state = {
