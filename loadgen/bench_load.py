@@ -38,7 +38,9 @@ class Loaded:
         return "w" + self.device_prefix
 
 
-def load_simulation(redis, sim: Simulation, progress: bool = True) -> Loaded:
+def load_simulation(redis, sim: Simulation, progress: bool = True, warm_devices=None) -> Loaded:
+    """`warm_devices`: the simulated devices whose warm-up twins (`Loaded.warmup_prefix`) are
+    registered too (None: all of them)."""
     from api.tenancy import create_farm, register_devices_bulk
     from fencing.model.fence_store import save_fences_bulk, validate_features_bulk
 
@@ -77,8 +79,11 @@ def load_simulation(redis, sim: Simulation, progress: bool = True) -> Loaded:
     t3 = time.perf_counter()
 
     prefix = f"b{tag}-"
-    register_devices_bulk(redis, [(farm_of[sim.device_farm[d]], p + d, sim.device_herd[d][-40:])
-                                  for p in (prefix, "w" + prefix) for d in sim.device_ids.tolist()])
+    warm = sim.device_ids.tolist() if warm_devices is None else list(warm_devices)
+    for p, ids in ((prefix, sim.device_ids.tolist()), ("w" + prefix, warm)):
+        for start in range(0, len(ids), 100_000):      # a bounded list of triples at a time
+            register_devices_bulk(redis, [(farm_of[sim.device_farm[d]], p + d, sim.device_herd[d][-40:])
+                                          for d in ids[start:start + 100_000]])
     t4 = time.perf_counter()
     return Loaded(tag, farm_of, farm_keys, fence_real, fence_sim, prefix,
                   {"farms_s": round(t1 - t0, 3), "fence_validate_s": round(t2 - t1, 3),
@@ -183,3 +188,14 @@ def read_events(redis, farm_ids: list[str]) -> pd.DataFrame:
         from loadgen.truth import to_epoch_ms
         df["ts"] = to_epoch_ms(df["ts"]).astype(np.int64)
     return df
+
+
+def batch_summary(beats: list[Heartbeat]) -> dict:
+    if not beats:
+        return {}
+    d = np.array([b.duration_s for b in beats])
+    p = np.array([b.points for b in beats])
+    part = [s.seconds for b in beats for s in b.partitions]
+    return {"mean": round(float(d.mean()), 3), "max": round(float(d.max()), 3),
+            "points_mean": round(float(p.mean()), 1), "points_max": int(p.max()),
+            "task_seconds_mean": round(float(np.mean(part)), 3) if part else None}
