@@ -24,7 +24,7 @@ from fencing.model.node_pipe import NodePipeline
 from fencing.model.redis_conn import cluster
 from fencing.elastic.routing import RoutingTable, device_runs, group_slot
 from fencing.stream.sinks import event_log, public_events
-from fencing.model.transitions import DeviceState, Event, state_before
+from fencing.model.transitions import DeviceState, Event, state_before, state_record
 from fencing.stream.batch_core import advance_batch, match_batch
 from fencing.stream.batch_core import matched_sets as _matched_sets  # noqa: F401 - its unit test imports it here
 
@@ -220,7 +220,8 @@ def _by(keys_: list, values: list) -> dict:
 
 def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter) -> None:
     """State of each device before this batch, one HMGET per home group. Versioned records make a
-    replay of the same batch start from the same state: {"b": batch that wrote it, "s": after, "p": before}."""
+    replay of the same batch start from the same state (transitions.state_record: the state after the
+    batch that wrote it, and what the state before it had different)."""
     n = len(devices.dkeys)
     raws: list[str | None] = [None] * n
     by_home = _by(devices.homes, range(n))
@@ -286,12 +287,12 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
             positions.setdefault(farm_id, {})[device_id] = orjson.dumps({
                 "lat": devices.frame_lat[row], "lon": devices.frame_lon[row], "ts": devices.frame_ts[row],
                 "battery": state.battery, "rx": received_ms,
-                "fences": [u.partition("/")[2] for u in state.inside_fences()], "cell": cell})
+                "fences": [u.partition("/")[2] for u in state.inside_fences()]})   # its cell: in the state
             if previous_cell != cell:
                 if previous_cell:
                     cell_removes.setdefault((farm_id, previous_cell), []).append(device_id)
                 cell_adds.setdefault((farm_id, cell), []).append(device_id)
-        state_by_home.setdefault(home, {})[dkey] = orjson.dumps({"b": version, "s": state.to_dict(), "p": old})
+        state_by_home.setdefault(home, {})[dkey] = orjson.dumps(state_record(version, state.to_dict(), old))
         moved_from = devices.moved_from[d]
         if moved_from:
             removed_by_old.setdefault(moved_from, []).append(dkey)
