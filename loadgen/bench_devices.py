@@ -124,8 +124,44 @@ def main(argv: list[str]) -> int:
     plot(out.with_suffix(".png"), runs,
          f"herdfence: cost per point and memory vs devices ({a.points_per_device} points per device; "
          f"ratio largest/smallest {summary['cost_ratio']}; {machine()['cores']} cores)")
+    out.with_suffix(".md").write_text(markdown(summary, out.with_suffix(".png").name))
     print(json.dumps({k: v for k, v in summary.items() if k != "machine"}, indent=1))
     return 0
+
+
+def _f(v, digits: int = 0) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.{digits}f}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def markdown(summary: dict, png: str) -> str:
+    """The runs as a table (the plot beside it), as the command wrote them."""
+    m = summary.get("machine") or {}
+    lines = ["# Cost per point and memory vs devices", "",
+             f"`{summary['command']}` ({summary['points_per_device']} points per device, {summary['tracks']} "
+             f"tracks; {m.get('cores')} cores, {m.get('memory')}; {summary['time']}). One run per row: a fresh "
+             "private stack, the real job, every event reconciled against the oracle.", "",
+             f"![cost per point and memory vs devices]({png})", "",
+             "| fences | devices | points | points/s | µs/point | lost | dup | job driver (Python) MB | job JVM MB "
+             "| largest worker MB | Redis masters MB | bench MB | Redis B/device (live) | Redis B/device (all) |",
+             "|" + "---|" * 14]
+    for r in summary["runs"]:
+        lines.append("| " + " | ".join(_f(x) for x in (
+            r["fences"], r["devices"], r["points"], r["points_per_s"], _f(r["us_per_point"], 1), r["lost"],
+            r["duplicated"],
+            r["driver_mb"], r["jvm_mb"], r["worker_max_mb"], r["redis_masters_mb"], r["bench_mb"],
+            r["redis_run_bytes_per_device"], r["redis_total_bytes_per_device"])) + " |")
+    lines += ["", "Cost ratio (µs/point at the most devices ÷ at the fewest), per fence count: "
+              + ", ".join(f"{k} fences: {_f(v, 2) if v else '—'}" for k, v in summary["cost_ratio"].items())
+              + f" (bar: ≤ {summary['ratio_bar']}).", ""]
+    fam = next((r["redis_family_bytes_per_device"] for r in reversed(summary["runs"])
+                if r.get("redis_family_bytes_per_device")), None)
+    if fam:
+        lines += ["Where a device's Redis bytes go (MEMORY USAGE of sample keys, bytes per entry, largest run):", "",
+                  "| " + " | ".join(fam) + " |", "|" + "---|" * len(fam),
+                  "| " + " | ".join(_f(v, 0) for v in fam.values()) + " |", ""]
+    return "\n".join(lines)
 
 
 def _write(out: Path, runs: list[dict], a, argv: list[str]) -> dict:
