@@ -40,6 +40,10 @@ def run_one(fences: int, devices: int, points_per_device: int, out_dir: Path, se
     mem = r.get("memory") or {}
     peak = mem.get("peak_mb") or {}
     redis = mem.get("redis") or {}
+    run_b, event_b = redis.get("run_bytes_per_device"), redis.get("event_bytes")
+    per_event = (r.get("observed_events") or 0) / devices
+    # the measured devices' live state alone: the run's growth less its events (their own keys)
+    state_b = round(run_b - per_event * event_b, 1) if run_b is not None and event_b is not None else None
     return {"fences": fences, "devices": devices, "points": r["points"], "points_per_s": r["points_per_s"],
             "us_per_point": round(1e6 / r["points_per_s"], 2) if r["points_per_s"] else None,
             "completed": r["completed"], "events": r["events"], "lost": r["lost"], "duplicated": r["duplicated"],
@@ -47,7 +51,8 @@ def run_one(fences: int, devices: int, points_per_device: int, out_dir: Path, se
             "driver_mb": peak.get("driver"), "jvm_mb": peak.get("jvm"), "worker_max_mb": peak.get("worker_max"),
             "workers_sum_mb": peak.get("workers_sum"), "redis_masters_mb": peak.get("redis_masters"),
             "bench_mb": mem.get("bench_peak_mb"),
-            "redis_run_bytes_per_device": redis.get("run_bytes_per_device"),
+            "redis_run_bytes_per_device": run_b, "redis_event_bytes": event_b,
+            "events_per_device": round(per_event, 2), "redis_state_bytes_per_device": state_b,
             "redis_total_bytes_per_device": redis.get("total_bytes_per_device"),
             "redis_family_bytes_per_device": redis.get("family_bytes_per_device"),
             "batches": r.get("batches"), "batch_seconds": r.get("batch_seconds"),
@@ -74,7 +79,9 @@ def plot(path: Path, runs: list[dict], title: str) -> None:
         for r in mine:
             ax1.annotate(f"{r['points_per_s'] / 1e3:,.0f}k/s", (r["devices"], r["us_per_point"]), fontsize=7,
                          textcoords="offset points", xytext=(3, 4))
-        ax3.plot(x, [r["redis_run_bytes_per_device"] for r in mine], marker="o", label=f"{fences:,} fences: live state")
+        ax3.plot(x, [r["redis_state_bytes_per_device"] for r in mine], marker="o", label=f"{fences:,} fences: live state")
+        ax3.plot(x, [r["redis_run_bytes_per_device"] for r in mine], marker="s", ls=":",
+                 label=f"{fences:,} fences: live state + its events")
         ax3.plot(x, [r["redis_total_bytes_per_device"] for r in mine], marker="x", ls="--",
                  label=f"{fences:,} fences: all, fences incl.")
     biggest = max(runs, key=lambda r: (r["fences"], 0))["fences"]
@@ -144,14 +151,16 @@ def markdown(summary: dict, png: str) -> str:
              "private stack, the real job, every event reconciled against the oracle.", "",
              f"![cost per point and memory vs devices]({png})", "",
              "| fences | devices | points | points/s | µs/point | lost | dup | job driver (Python) MB | job JVM MB "
-             "| largest worker MB | Redis masters MB | bench MB | Redis B/device (live) | Redis B/device (all) |",
-             "|" + "---|" * 14]
+             "| largest worker MB | Redis masters MB | bench MB | Redis B/device: live state | + its events "
+             "| all, fences incl. |",
+             "|" + "---|" * 15]
     for r in summary["runs"]:
         lines.append("| " + " | ".join(_f(x) for x in (
             r["fences"], r["devices"], r["points"], r["points_per_s"], _f(r["us_per_point"], 1), r["lost"],
             r["duplicated"],
             r["driver_mb"], r["jvm_mb"], r["worker_max_mb"], r["redis_masters_mb"], r["bench_mb"],
-            r["redis_run_bytes_per_device"], r["redis_total_bytes_per_device"])) + " |")
+            r.get("redis_state_bytes_per_device"), r["redis_run_bytes_per_device"],
+            r["redis_total_bytes_per_device"])) + " |")
     lines += ["", "Cost ratio (µs/point at the most devices ÷ at the fewest), per fence count: "
               + ", ".join(f"{k} fences: {_f(v, 2) if v else '—'}" for k, v in summary["cost_ratio"].items())
               + f" (bar: ≤ {summary['ratio_bar']}).", ""]

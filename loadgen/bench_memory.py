@@ -172,6 +172,9 @@ def key_families(redis, farm_ids: list[str], fence_keys: list[tuple[str, str]], 
         add("positions", keys.positions(farm), redis.hlen(keys.positions(farm)))
         add("last_seen", keys.last_seen(farm), redis.zcard(keys.last_seen(farm)))
         add("device_record", keys.farm_devices(farm), redis.hlen(keys.farm_devices(farm)))
+        add("event_data", keys.event_data(farm), redis.hlen(keys.event_data(farm)))
+        add("event_index", keys.events(farm), redis.zcard(keys.events(farm)))
+        add("event_stream", keys.event_stream(farm), redis.xlen(keys.event_stream(farm)))
         cells = [k for k in redis.scan_iter(match=keys.position_cell(farm, "*"), count=1000,
                                             target_nodes=redis.get_node_from_key(keys.positions(farm)))]
         for key in cells:
@@ -187,17 +190,20 @@ def key_families(redis, farm_ids: list[str], fence_keys: list[tuple[str, str]], 
     return out
 
 
+PER_EVENT = ("event_data", "event_index", "event_stream")
 PER_DEVICE = ("state", "device_location", "positions", "last_seen", "position_index", "registry", "device_record")
 
 
 def redis_summary(redis, used: dict[str, int], devices: int, loaded) -> dict:
     """Redis bytes per device of a push run. `used`: masters' used_memory at "start", after "loaded"
     (fences + device registration), after "warm" (the warm-up's devices) and after the "run" (the
-    measured devices' live state and their events). The per-family figures (MEMORY USAGE of sample
+    measured devices' live state and their events; `event_bytes`: one event's bytes in the three
+    event keys of its farm). The per-family figures (MEMORY USAGE of sample
     keys) say where the bytes of one device go."""
     families = key_families(redis, sorted(set(loaded.farm_of.values())), list(loaded.fence_real.values()))
     per_device = {f: families[f]["bytes_per_entry"] for f in PER_DEVICE if f in families}
-    return {"used_memory": used,
+    per_event = sum(families[f]["bytes_per_entry"] or 0 for f in PER_EVENT if f in families)
+    return {"used_memory": used, "event_bytes": round(per_event, 1),
             "run_bytes_per_device": round((used["run"] - used["warm"]) / devices, 1) if devices else None,
             "total_bytes_per_device": round((used["run"] - used["start"]) / devices, 1) if devices else None,
             "families": families,
