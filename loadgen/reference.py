@@ -330,60 +330,8 @@ class Reference:
         return {d for d, dev in self.devices.items() if uid in dev.fences and dev.fences[uid].inside}
 
 
-def expected_events(reports_df, fences, device_farm) -> "pd.DataFrame":
-    """The benchmarks' oracle: every event the job must emit for a simulation's reports (rows in
-    arrival order; `fences`: loadgen.herd.Fence; `device_farm`: device → farm), as a DataFrame
-    [device_id, fence_id, type, ts, inferred, late]. A device sees only its farm's fences, so the run
-    is judged one farm at a time (issue 23): membership with vectorized `covers` over the farm's rows
-    (the same answer the per-report call gives), then its reports fed one by one, as one batch (a
-    device's late fixes arrive in time order, so when they are replayed does not change what they
-    reveal). Only one farm's devices and membership are held at a time: the oracle's memory does not
-    grow with the number of devices or points of the run."""
-    import numpy as np
-    import pandas as pd
-
-    from loadgen.truth import _valid_rows
-
-    valid = np.flatnonzero(_valid_rows(reports_df))
-    dev_all = reports_df["device_id"].to_numpy()
-    farm_of_row = pd.Series(dev_all[valid]).map(device_farm).fillna("").to_numpy(dtype=object)
-    by_farm: dict[str, list[RefFence]] = {}
-    for f in fences:
-        by_farm.setdefault(f.farm_id, []).append(
-            RefFence(f"{f.farm_id}/{f.fence_id}", f.geometry,
-                     f.debounce_reports if f.debounce_reports is not None else 2,
-                     f.debounce_seconds if f.debounce_seconds is not None else 30.0))
-    lon_all, lat_all = reports_df["lon"].to_numpy(float), reports_df["lat"].to_numpy(float)
-    ts_all = reports_df["ts"].to_numpy(np.int64)
-    acc_all = reports_df["accuracy_m"].to_numpy(float) if "accuracy_m" in reports_df else None
-    out: list[tuple] = []
-    for farm, rows in pd.Series(valid).groupby(farm_of_row, sort=False):
-        farm_fences = by_farm.get(farm)
-        if not farm_fences:          # no fence can give its devices an event
-            continue
-        rows = rows.to_numpy()       # arrival order (groupby keeps it within a group)
-        ref = Reference(farm_fences)
-        mine = ref.fences_of_farm(farm)
-        points = shapely.points(lon_all[rows], lat_all[rows])
-        inside = np.empty((len(rows), len(mine)), dtype=bool)
-        for k, f in enumerate(mine):
-            shapely.prepare(f.geometry)
-            inside[:, k] = shapely.covers(f.geometry, points)
-        del points
-        uids = [f.uid for f in mine]
-        late: dict[str, list[RefReport]] = {}
-        dev, ts = dev_all[rows].tolist(), ts_all[rows].tolist()
-        lat, lon = lat_all[rows].tolist(), lon_all[rows].tolist()
-        accuracy = acc_all[rows].tolist() if acc_all is not None else [float("nan")] * len(rows)
-        for i, row_inside in enumerate(inside.tolist()):
-            report = RefReport(f"{farm}/{dev[i]}", ts[i], lat[i], lon[i],
-                               None if accuracy[i] != accuracy[i] else accuracy[i])
-            known = ref.devices.get(report.device)
-            if known is not None and known.last is not None and report.ts < known.last.ts:
-                late.setdefault(report.device, []).append(report)
-            else:
-                ref.feed(report, dict(zip(uids, row_inside)))
-        for device, fixes in late.items():
-            ref._replay(device, fixes)
-        out += [(e.device_id, e.fence_id, e.type, e.ts, e.inferred, e.late) for e in ref.events]
-    return pd.DataFrame(out, columns=["device_id", "fence_id", "type", "ts", "inferred", "late"])
+def expected_events(reports_df, fences, device_farm, workers: int | None = None) -> "pd.DataFrame":
+    """The benchmarks' oracle over a whole run: loadgen.oracle.expected_events (this reference, one
+    farm at a time)."""
+    from loadgen.oracle import expected_events as judge
+    return judge(reports_df, fences, device_farm, workers)
