@@ -15,7 +15,7 @@ import orjson
 import pyarrow as pa
 from pyspark import TaskContext
 
-from fencing.model import history, keys, notify
+from fencing.model import compact_json, history, keys, notify
 from fencing.stream.fence_cache import process_cache
 from fencing.model.h3util import cell_to_str, cells_for_points
 from fencing.model.heartbeat import PartitionStats
@@ -284,7 +284,7 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
             if state.seen is None or received_ms - state.seen >= seen_step_ms:
                 seen.setdefault(farm_id, {})[device_id] = received_ms
                 state.seen = received_ms
-            positions.setdefault(farm_id, {})[device_id] = orjson.dumps({
+            positions.setdefault(farm_id, {})[device_id] = compact_json.dumps({
                 "lat": devices.frame_lat[row], "lon": devices.frame_lon[row], "ts": devices.frame_ts[row],
                 "battery": state.battery, "rx": received_ms,
                 "fences": [u.partition("/")[2] for u in state.inside_fences()]})   # its cell: in the state
@@ -292,7 +292,7 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
                 if previous_cell:
                     cell_removes.setdefault((farm_id, previous_cell), []).append(device_id)
                 cell_adds.setdefault((farm_id, cell), []).append(device_id)
-        state_by_home.setdefault(home, {})[dkey] = orjson.dumps(state_record(version, state.to_dict(), old))
+        state_by_home.setdefault(home, {})[dkey] = compact_json.dumps(state_record(version, state.to_dict(), old))
         moved_from = devices.moved_from[d]
         if moved_from:
             removed_by_old.setdefault(moved_from, []).append(dkey)

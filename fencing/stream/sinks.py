@@ -3,12 +3,11 @@ time index + live stream, each event written once; by the process tasks) and Kaf
 the driver); dead letters → `gps.reports.dlq`; pings → `{job}:ping:<id>`."""
 from __future__ import annotations
 
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from fencing.model.timeutil import iso_many
-from fencing.model import keys, notify
+from fencing.model import compact_json, keys, notify
 from fencing.model.lease import FENCE_PRELUDE, epoch_key
 from fencing.model.node_pipe import NodePipeline
 
@@ -35,7 +34,7 @@ return flags
 def public_events(events: list[dict]) -> list[bytes]:
     """Each event as the contract's JSON (the value in Kafka `fence.events`, the logs and webhooks),
     with its farm: a consumer serving several farms routes an event without looking its fence up."""
-    return [orjson.dumps({"event_id": e["event_id"], "type": e["type"], "farm_id": e["farm_id"],
+    return [compact_json.dumps({"event_id": e["event_id"], "type": e["type"], "farm_id": e["farm_id"],
                           "device_id": e["device_id"],
                           "fence_id": e["fence_id"], "ts": stamp, "lat": e["lat"], "lon": e["lon"],
                           **_MARKS[bool(e.get("inferred")), bool(e.get("late"))]})
