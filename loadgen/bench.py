@@ -118,7 +118,10 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         redis_bytes["warm"] = bench_memory.masters_used_memory(redis)
         reports = sim.reports.copy()
         reports["device_id"] = loaded.device_prefix + reports["device_id"].astype(str)
-        wstats, t_first, t_done, sampler, base = stream_and_wait(stack, reports, progress=progress, rate=rate)
+        # a batch of up to 1M reports (HERDFENCE_MAX_OFFSETS_PER_TRIGGER) beats once, after minutes on a
+        # busy 2-core machine: no heartbeat for 180 s is not a stall in a run of millions (issue 23)
+        wstats, t_first, t_done, sampler, base = stream_and_wait(stack, reports, progress=progress, rate=rate,
+                                                                 stall_timeout_s=max(180.0, len(reports) / 2_000))
         redis_bytes["run"] = bench_memory.masters_used_memory(redis)
         mem = memory.stop()
         observed = read_events(redis, sorted(set(loaded.farm_of.values())))
