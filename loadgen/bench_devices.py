@@ -75,8 +75,9 @@ def plot(path: Path, runs: list[dict], title: str) -> None:
     for fences in sorted({r["fences"] for r in runs}):
         mine = sorted((r for r in runs if r["fences"] == fences), key=lambda r: r["devices"])
         x = [r["devices"] for r in mine]
-        ax1.plot(x, [r["us_per_point"] for r in mine], marker="o", label=f"{fences:,} fences")
-        for r in mine:
+        done = [r for r in mine if r["us_per_point"]]        # an incomplete run has no cost per point
+        ax1.plot([r["devices"] for r in done], [r["us_per_point"] for r in done], marker="o", label=f"{fences:,} fences")
+        for r in done:
             ax1.annotate(f"{r['points_per_s'] / 1e3:,.0f}k/s", (r["devices"], r["us_per_point"]), fontsize=7,
                          textcoords="offset points", xytext=(3, 4))
         ax3.plot(x, [r["redis_state_bytes_per_device"] for r in mine], marker="o", label=f"{fences:,} fences: live state")
