@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from fencing.model.heartbeat import Heartbeat
+from loadgen import bench_memory
 from loadgen.bench_stack import bench_stack, machine, say
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +66,7 @@ def vectorized_limit_points_per_s(fences, lon: np.ndarray, lat: np.ndarray, repe
 # been running: each Python worker has loaded the fences, and the JVM has compiled its hot paths
 # (with 2 reports per device, the JIT compiler threads still took ~1/3 of the JVM's CPU in the run).
 WARMUP_REPORTS_PER_DEVICE = 20
+WARMUP_MAX_REPORTS = 200_000     # enough to warm every worker; more only doubles a big run (issue 23)
 
 
 # --tracks: "dense" = a fix every ~30 s, in order; "sparse" = collars saving battery, a fix every 5–15
@@ -75,12 +76,12 @@ TRACKS = {"dense": {}, "sparse": {"report_interval_s": 600.0, "interval_jitter":
 
 def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, fences_per_farm: int = 12,
          progress: bool = True, plot: bool = True, command: str = "", keep_stack: bool = False,
-         rate: float | None = None, tracks: str = "dense") -> dict:
+         rate: float | None = None, tracks: str = "dense", ports: dict[str, str] | None = None) -> dict:
     """`rate`: reports/s offered to Kafka (None: as fast as the producer can). Flooded, points/s is the
     job's drain rate and the latency is mostly queueing behind the backlog; paced below the drain rate,
     the latency is the job's own (report sent → event visible)."""
     from loadgen import plots
-    from loadgen.bench_load import handled, load_simulation, read_events, stream_and_wait
+    from loadgen.bench_load import batch_summary, handled, load_simulation, read_events, stream_and_wait
     from loadgen.herd import SimConfig, simulate
     from loadgen.reference import expected_events
     from loadgen.truth import reconcile
@@ -95,22 +96,36 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
     limit, limit_pairs = vectorized_limit_points_per_s(sim.fences, lon, lat)
     say(f"vectorized limit: {limit:,.0f} points/s")
 
-    with bench_stack(keep=keep_stack) as stack:
+    warm_n = min(len(sim.reports), max(2_000, min(WARMUP_MAX_REPORTS, WARMUP_REPORTS_PER_DEVICE * devices)))
+    with bench_stack(ports, keep=keep_stack) as stack:
         redis = stack.redis
+        memory = bench_memory.MemorySampler(stack.settings)
+        memory.start()
+        redis_bytes = {"start": bench_memory.masters_used_memory(redis)}
         t = time.perf_counter()
-        loaded = load_simulation(redis, sim, progress=progress)
+        loaded = load_simulation(redis, sim, progress=progress,
+                                 warm_devices=pd.unique(sim.reports["device_id"].iloc[:warm_n]))
         load_s = time.perf_counter() - t
+        redis_bytes["loaded"] = bench_memory.masters_used_memory(redis)
         say(f"loaded {len(sim.fences)} fences, {len(sim.device_ids)} devices in {load_s:.1f} s {loaded.seconds}")
-        warm = sim.reports.iloc[:min(len(sim.reports), max(2_000, WARMUP_REPORTS_PER_DEVICE * devices))].copy()
+        warm = sim.reports.iloc[:warm_n].copy()
         warm["device_id"] = loaded.warmup_prefix + warm["device_id"].astype(str)
         say(f"warm-up: {len(warm)} reports of warm-up devices (the workers' fence caches, the JVM's JIT)")
         t = time.perf_counter()
         stream_and_wait(stack, warm, progress=progress)
         warm_s = time.perf_counter() - t
+        del warm
+        redis_bytes["warm"] = bench_memory.masters_used_memory(redis)
         reports = sim.reports.copy()
         reports["device_id"] = loaded.device_prefix + reports["device_id"].astype(str)
-        wstats, t_first, t_done, sampler, base = stream_and_wait(stack, reports, progress=progress, rate=rate)
+        # a batch of up to 1M reports (HERDFENCE_MAX_OFFSETS_PER_TRIGGER) beats once, after minutes on a
+        # busy 2-core machine: no heartbeat for 180 s is not a stall in a run of millions (issue 23)
+        wstats, t_first, t_done, sampler, base = stream_and_wait(stack, reports, progress=progress, rate=rate,
+                                                                 stall_timeout_s=max(180.0, len(reports) / 2_000))
+        redis_bytes["run"] = bench_memory.masters_used_memory(redis)
+        mem = memory.stop()
         observed = read_events(redis, sorted(set(loaded.farm_of.values())))
+        mem["redis"] = bench_memory.redis_summary(redis, redis_bytes, devices, loaded)
         stack_info = stack.describe()
 
     seconds = (t_done - t_first) if t_done else None
@@ -161,18 +176,19 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         "completed": t_done is not None,
         "produce": {k: v for k, v in wstats.as_dict().items()},
         "batches": len(in_run),
-        "batch_seconds": _batch_summary(in_run),
-        "warmup_points": len(warm),
+        "batch_seconds": batch_summary(in_run),
+        "warmup_points": warm_n,
         "setup_seconds": {"simulate": round(sim_s, 2), "load": round(load_s, 2), **loaded.seconds,
                           "warmup": round(warm_s, 2),
                           "oracle": round(truth_s, 2)},
         "vectorized_limit_pairs": int(limit_pairs),
+        "memory": mem,
         "stack": stack_info, "machine": machine(), "command": command,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     _write_json(json_path, out)
     if plot:
-        pt, pn = _produce_curve(wstats.sent_at_ms)
+        pt, pn = plots.produce_curve(wstats.sent_at_ms)
         plots.push_plot(_png_for(json_path), beats, t_first, base, lat_ms, (pt, pn),
                         f"herdfence push: {fences:,} fences, {devices:,} devices, {points:,} points — "
                         f"{pps:,.0f} points/s{f' (paced at {rate:,.0f}/s)' if rate else ''}, "
@@ -181,25 +197,6 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         # heartbeats, for profiling (per-partition stats per batch)
         Path(_png_for(json_path).with_suffix(".beats.json")).write_text(json.dumps([b.to_dict() for b in beats]))
     return out
-
-
-def _produce_curve(sent_at_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    if sent_at_ms is None or not len(sent_at_ms):
-        return np.empty(0), np.empty(0)
-    s = sent_at_ms / 1000.0
-    grid = np.arange(s[0], s[-1] + 0.5, 0.5)
-    return grid, np.searchsorted(s, grid, side="right").astype(float)
-
-
-def _batch_summary(beats: list[Heartbeat]) -> dict:
-    if not beats:
-        return {}
-    d = np.array([b.duration_s for b in beats])
-    p = np.array([b.points for b in beats])
-    part = [s.seconds for b in beats for s in b.partitions]
-    return {"mean": round(float(d.mean()), 3), "max": round(float(d.max()), 3),
-            "points_mean": round(float(p.mean()), 1), "points_max": int(p.max()),
-            "task_seconds_mean": round(float(np.mean(part)), 3) if part else None}
 
 
 # --- pull -----------------------------------------------------------------------------------------
@@ -342,6 +339,8 @@ def main(argv: list[str]) -> int:
     pl.add_argument("--streams", type=int, default=0, metavar="N",
                     help="hold N live event streams (open maps) while the mix runs; report their event delays")
     sub.add_parser("ingest", help="Kafka source read benchmark (loadgen/bench_ingest.py)", add_help=False)
+    sub.add_parser("devices", help="device scaling: per-point cost and memory at 10k..1M devices "
+                                   "(loadgen/bench_devices.py)", add_help=False)
     sub.add_parser("fences", help="fence scaling: 10k vs 1M fences, per-point cost (loadgen/bench_fences.py)",
                    add_help=False)
     fo = sub.add_parser("failover", help="the push path's outage when the active job is killed or frozen "
@@ -355,6 +354,9 @@ def main(argv: list[str]) -> int:
     fo.add_argument("--no-plot", action="store_true")
     rp = sub.add_parser("report", help="write docs/benchmarks.md from the JSON results under docs/")
     rp.add_argument("--docs", default=str(DOCS))
+    if argv and argv[0] == "devices":
+        from loadgen import bench_devices
+        return bench_devices.main(argv[1:])
     if argv and argv[0] == "fences":
         from loadgen import bench_fences
         return bench_fences.main(argv[1:])

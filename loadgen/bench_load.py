@@ -3,6 +3,7 @@ through the real job while sampling the job's heartbeat."""
 from __future__ import annotations
 
 import secrets
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -38,7 +39,9 @@ class Loaded:
         return "w" + self.device_prefix
 
 
-def load_simulation(redis, sim: Simulation, progress: bool = True) -> Loaded:
+def load_simulation(redis, sim: Simulation, progress: bool = True, warm_devices=None) -> Loaded:
+    """`warm_devices`: the simulated devices whose warm-up twins (`Loaded.warmup_prefix`) are
+    registered too (None: all of them)."""
     from api.tenancy import create_farm, register_devices_bulk
     from fencing.model.fence_store import save_fences_bulk, validate_features_bulk
 
@@ -77,8 +80,11 @@ def load_simulation(redis, sim: Simulation, progress: bool = True) -> Loaded:
     t3 = time.perf_counter()
 
     prefix = f"b{tag}-"
-    register_devices_bulk(redis, [(farm_of[sim.device_farm[d]], p + d, sim.device_herd[d][-40:])
-                                  for p in (prefix, "w" + prefix) for d in sim.device_ids.tolist()])
+    warm = sim.device_ids.tolist() if warm_devices is None else list(warm_devices)
+    for p, ids in ((prefix, sim.device_ids.tolist()), ("w" + prefix, warm)):
+        for start in range(0, len(ids), 100_000):      # a bounded list of triples at a time
+            register_devices_bulk(redis, [(farm_of[sim.device_farm[d]], p + d, sim.device_herd[d][-40:])
+                                          for d in ids[start:start + 100_000]])
     t4 = time.perf_counter()
     return Loaded(tag, farm_of, farm_keys, fence_real, fence_sim, prefix,
                   {"farms_s": round(t1 - t0, 3), "fence_validate_s": round(t2 - t1, 3),
@@ -166,20 +172,46 @@ def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_t
 
 
 def read_events(redis, farm_ids: list[str]) -> pd.DataFrame:
-    """Every event in the farms' live streams: device_id, fence_id, type, ts (ms), visible_ms, farm."""
-    rows = []
+    """Every event in the farms' live streams: device_id, fence_id, type, ts (ms), visible_ms, farm.
+    Built column by column, a few farms at a time, with the repeated strings (farm, fence, type)
+    shared: a million devices' events are millions of rows."""
+    from loadgen.truth import to_epoch_ms
+    intern = sys.intern
+    frames = []
     for start in range(0, len(farm_ids), 1_000):
         chunk = farm_ids[start:start + 1_000]
         pipe = redis.pipeline()
         for farm in chunk:
             pipe.xrange(keys.event_stream(farm), "-", "+")
+        cols: dict[str, list] = {c: [] for c in EVENT_COLUMNS}
         for farm, entries in zip(chunk, pipe.execute()):
             for entry_id, fields in entries:
                 ev = orjson.loads(fields["event"])
-                rows.append((farm, ev["device_id"], ev["fence_id"], ev["type"], ev["ts"],
-                             int(entry_id.split("-", 1)[0]), ev.get("event_id")))
-    df = pd.DataFrame(rows, columns=["farm", "device_id", "fence_id", "type", "ts", "visible_ms", "event_id"])
-    if len(df):
-        from loadgen.truth import to_epoch_ms
-        df["ts"] = to_epoch_ms(df["ts"]).astype(np.int64)
-    return df
+                cols["farm"].append(farm)
+                cols["device_id"].append(ev["device_id"])
+                cols["fence_id"].append(intern(ev["fence_id"]) if ev["fence_id"] else ev["fence_id"])
+                cols["type"].append(intern(ev["type"]))
+                cols["ts"].append(ev["ts"])
+                cols["visible_ms"].append(int(entry_id.split("-", 1)[0]))
+                cols["event_id"].append(ev.get("event_id"))
+        if cols["farm"]:
+            frame = pd.DataFrame(cols)
+            frame["ts"] = to_epoch_ms(frame["ts"]).astype(np.int64)
+            frames.append(frame)
+    if not frames:
+        return pd.DataFrame(columns=list(EVENT_COLUMNS))
+    return pd.concat(frames, ignore_index=True)
+
+
+EVENT_COLUMNS = ("farm", "device_id", "fence_id", "type", "ts", "visible_ms", "event_id")
+
+
+def batch_summary(beats: list[Heartbeat]) -> dict:
+    if not beats:
+        return {}
+    d = np.array([b.duration_s for b in beats])
+    p = np.array([b.points for b in beats])
+    part = [s.seconds for b in beats for s in b.partitions]
+    return {"mean": round(float(d.mean()), 3), "max": round(float(d.max()), 3),
+            "points_mean": round(float(p.mean()), 1), "points_max": int(p.max()),
+            "task_seconds_mean": round(float(np.mean(part)), 3) if part else None}

@@ -103,3 +103,11 @@ def failover_plot(path: str | Path, samples: list[tuple[float, float]], marks: l
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def produce_curve(sent_at_ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if sent_at_ms is None or not len(sent_at_ms):
+        return np.empty(0), np.empty(0)
+    s = sent_at_ms / 1000.0
+    grid = np.arange(s[0], s[-1] + 0.5, 0.5)
+    return grid, np.searchsorted(s, grid, side="right").astype(float)

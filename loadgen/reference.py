@@ -330,47 +330,8 @@ class Reference:
         return {d for d, dev in self.devices.items() if uid in dev.fences and dev.fences[uid].inside}
 
 
-def expected_events(reports_df, fences, device_farm) -> "pd.DataFrame":
-    """The benchmarks' oracle: every event the job must emit for a simulation's reports (rows in
-    arrival order; `fences`: loadgen.herd.Fence; `device_farm`: device → farm), as a DataFrame
-    [device_id, fence_id, type, ts, inferred, late]. Membership is computed per farm with vectorized
-    `covers` first (the same answer the per-report call gives), then the reports are fed one by one,
-    as one batch (a device's late fixes arrive in time order, so when they are replayed does not
-    change what they reveal)."""
-    import numpy as np
-    import pandas as pd
-
-    from loadgen.truth import _valid_rows
-
-    df = reports_df.loc[_valid_rows(reports_df)]
-    dev = df["device_id"].astype(str).to_numpy(dtype=object)
-    farm_of_row = pd.Series(dev).map(device_farm).fillna("").to_numpy(dtype=object)
-    ref_fences = [RefFence(f"{f.farm_id}/{f.fence_id}", f.geometry,
-                           f.debounce_reports if f.debounce_reports is not None else 2,
-                           f.debounce_seconds if f.debounce_seconds is not None else 30.0) for f in fences]
-    ref = Reference(ref_fences)
-    lon, lat = df["lon"].to_numpy(float), df["lat"].to_numpy(float)
-    points = shapely.points(lon, lat)
-    inside_rows: list[dict[str, bool]] = [{} for _ in range(len(df))]
-    for farm, rows in pd.Series(np.arange(len(df))).groupby(farm_of_row, sort=False):
-        rows = rows.to_numpy()
-        for f in ref.fences_of_farm(farm):
-            shapely.prepare(f.geometry)
-            hit = shapely.covers(f.geometry, points[rows])
-            for r, h in zip(rows.tolist(), hit.tolist()):
-                inside_rows[r][f.uid] = h
-    ts = df["ts"].to_numpy(np.int64).tolist()
-    accuracy = df["accuracy_m"].to_numpy(float).tolist() if "accuracy_m" in df else [float("nan")] * len(df)
-    late: dict[str, list[RefReport]] = {}
-    for i, (d, farm) in enumerate(zip(dev.tolist(), farm_of_row.tolist())):
-        report = RefReport(f"{farm}/{d}", ts[i], float(lat[i]), float(lon[i]),
-                           None if accuracy[i] != accuracy[i] else accuracy[i])
-        known = ref.devices.get(report.device)
-        if known is not None and known.last is not None and report.ts < known.last.ts:
-            late.setdefault(report.device, []).append(report)
-        else:
-            ref.feed(report, inside_rows[i])
-    for device, fixes in late.items():
-        ref._replay(device, fixes)
-    return pd.DataFrame([(e.device_id, e.fence_id, e.type, e.ts, e.inferred, e.late) for e in ref.events],
-                        columns=["device_id", "fence_id", "type", "ts", "inferred", "late"])
+def expected_events(reports_df, fences, device_farm, workers: int | None = None) -> "pd.DataFrame":
+    """The benchmarks' oracle over a whole run: loadgen.oracle.expected_events (this reference, one
+    farm at a time)."""
+    from loadgen.oracle import expected_events as judge
+    return judge(reports_df, fences, device_farm, workers)

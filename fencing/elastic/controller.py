@@ -591,5 +591,6 @@ def elastic_process(ctx, batches):
                 stats = dataclasses.replace(PartitionStats.from_json(payload[i]), children=children,
                                             route_groups=route_groups, reload_s=round(reload_s, 4), shed=shed)
                 payload[i] = stats.to_json()
-            out = pa.RecordBatch.from_arrays([out.column(0), pa.array(payload, pa.string())], schema=out.schema)
+            out = pa.RecordBatch.from_arrays([out.column(0), pa.array(payload, pa.string()), *out.columns[2:]],
+                                             schema=out.schema)
         yield out

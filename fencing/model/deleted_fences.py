@@ -6,8 +6,9 @@ set only grows (every fence ever deleted, read by every micro-batch). An entry m
 state can still name the fence:
 * its deletion is older than a grace period (a micro-batch that began before the deletion, with the
   fence in its cache, has long finished: no new state can name it);
-* no device state record names it in "s" (the state now), nor in "p" (the state before the batch
-  that wrote the record) unless that batch is committed (it is never replayed, so "p" is never read).
+* no device state record names it in "s" (the state now), nor in "d" (what the state before the batch
+  that wrote the record had different: its fences when they changed; "p" in records written before
+  that was a delta) unless that batch is committed (it is never replayed, so those are never read).
 The states are searched on the Redis side (a script per chunk of a group's state hash; only records
 that name some fence are decoded), so a sweep moves uids, not device states, over the network.
 
@@ -61,7 +62,7 @@ for i = 2, #values, 2 do
         local brun, batch = string.match(rec.b, '^(.*):(%d+)$')
         replayable = brun == run and tonumber(batch) >= floor
       end
-      if replayable then collect(rec.p) end
+      if replayable then collect(rec.p); collect(rec.d) end
     end
   end
 end

@@ -82,7 +82,7 @@ def farm_devices(farm_id: str) -> str:
 
 
 def positions(farm_id: str) -> str:
-    """hash device_id -> JSON latest position {"lat","lon","ts","battery","fences","cell","herd"}."""
+    """hash device_id -> JSON latest position {"lat","lon","ts","battery","rx","fences"}."""
     return f"pos:{{{farm_id}}}"
 
 

@@ -148,12 +148,34 @@ class Event:
 def state_before(record: dict | None, version: str) -> dict | None:
     """A device's stored state record → its state before batch `version`.
 
-    Records are {"b": version that wrote it, "s": state after, "p": state before}; a replay of the batch
-    that wrote the record (same `version`, "<run id>:<batch id>") must start from "p", any later batch
-    from "s". The one reader of these records: the process stage and load shedding both use it."""
+    Records are {"b": version that wrote it, "s": state after, "d": what the state before had
+    different from "s", "x": keys of "s" the state before did not have} ("d" absent: there was no
+    state before); a replay of the batch that wrote the record (same `version`, "<run id>:<batch
+    id>") must start from the state before, any later batch from "s". Records written before the
+    delta (issue 23) carry the whole state before as "p". The one reader of these records: the
+    process stage and load shedding both use it."""
     if record is None:
         return None
-    return record.get("p") if record.get("b") == version else record.get("s")
+    if record.get("b") != version:
+        return record.get("s")
+    if "d" in record:
+        gone = record.get("x") or ()
+        before = {k: v for k, v in (record.get("s") or {}).items() if k not in gone}
+        before.update(record["d"])
+        return before
+    return record.get("p")
+
+
+def state_record(version: str, after: dict, before: dict | None) -> dict:
+    """The record `state_before` reads: the state before stored as its difference from the state
+    after (a batch changes a few fields of a device; the rest would be a second copy in Redis)."""
+    if before is None:
+        return {"b": version, "s": after}
+    record = {"b": version, "s": after, "d": {k: v for k, v in before.items() if k not in after or after[k] != v}}
+    gone = [k for k in after if k not in before]
+    if gone:
+        record["x"] = gone
+    return record
 
 
 def event_id(fence_uid: str, device_id: str, kind: str, ts: int, tag: str = "") -> str:

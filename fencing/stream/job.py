@@ -104,11 +104,15 @@ class BatchProcessor:
         # collected as Arrow: no Row object per event (tens of thousands a batch under a backlog)
         out = df.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).toArrow()
         spark_s = time.time() - started
-        kinds, payloads = out.column("kind").to_numpy(), out.column("payload")
+        kinds = out.column("kind").to_numpy()
+        # events stay Arrow (produced in chunks by the sinks): none becomes a Python object here
+        events = out.filter(pa.array(kinds == OUT_KIND_EVENT))
+        side = out.filter(pa.array(kinds != OUT_KIND_EVENT))
+        del out
+        side_kinds, payloads = side.column("kind").to_numpy(), side.column("payload")
 
         def rows_of(kind: int) -> list[str]:
-            return payloads.filter(pa.array(kinds == kind)).to_pylist()
-        events = [orjson.loads(p) for p in rows_of(OUT_KIND_EVENT)]
+            return payloads.filter(pa.array(side_kinds == kind)).to_pylist()
         dead, pings = rows_of(OUT_KIND_DEAD), rows_of(OUT_KIND_PING)
         stats = [PartitionStats.from_json(p) for p in rows_of(OUT_KIND_STATS)]
         readers = [ReaderTiming.from_json(p) for p in rows_of(OUT_KIND_READ)]

@@ -15,7 +15,7 @@ import orjson
 import pyarrow as pa
 from pyspark import TaskContext
 
-from fencing.model import history, keys, notify
+from fencing.model import compact_json, history, keys, notify
 from fencing.stream.fence_cache import process_cache
 from fencing.model.h3util import cell_to_str, cells_for_points
 from fencing.model.heartbeat import PartitionStats
@@ -23,15 +23,19 @@ from fencing.stream.prepare import KIND_DEAD, KIND_PING, KIND_READ, KIND_REPORT
 from fencing.model.node_pipe import NodePipeline
 from fencing.model.redis_conn import cluster
 from fencing.elastic.routing import RoutingTable, device_runs, group_slot
-from fencing.stream.sinks import event_log
-from fencing.model.transitions import DeviceState, Event, state_before
+from fencing.stream.sinks import event_log, public_events
+from fencing.model.transitions import DeviceState, Event, state_before, state_record
 from fencing.stream.batch_core import advance_batch, match_batch
 from fencing.stream.batch_core import matched_sets as _matched_sets  # noqa: F401 - its unit test imports it here
 
 OUT_KIND_EVENT, OUT_KIND_DEAD, OUT_KIND_PING, OUT_KIND_STATS, OUT_KIND_READ = 0, 1, 2, 3, 4
 _SIDE = {KIND_DEAD: OUT_KIND_DEAD, KIND_PING: OUT_KIND_PING, KIND_READ: OUT_KIND_READ}
-OUTPUT = pa.schema([("kind", pa.int8()), ("payload", pa.string())])
-OUTPUT_DDL = "kind tinyint, payload string"
+# Events go back as their public JSON (payload, what Kafka `fence.events` gets), with their key (fence
+# id) and sort key (ts, event id) beside it: the driver sorts and produces them from Arrow in bounded
+# chunks, never a Python object per event (a million collars entering their paddocks in one batch)
+OUTPUT = pa.schema([("kind", pa.int8()), ("payload", pa.string()), ("key", pa.string()), ("ts", pa.int64()),
+                    ("eid", pa.string())])
+OUTPUT_DDL = "kind tinyint, payload string, key string, ts bigint, eid string"
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,7 @@ def process_partition(ctx: ProcessContext, batches):
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     table = pa.concat_tables(tables) if tables else None
     side: list[tuple[int, str]] = []
+    evs: list[list] = [[], [], [], []]          # public JSON, key, ts, event id
     stats = PartitionStats(partition)
     if table is not None:
         is_report = table.column("kind").to_numpy() == KIND_REPORT
@@ -81,13 +86,50 @@ def process_partition(ctx: ProcessContext, batches):
         reports = table.filter(pa.array(is_report))
         if reports.num_rows:
             history.write_batch(ctx.history_dir, ctx.version, partition, reports)
-            events, stats = _process_reports(ctx, partition, reports)
-            side += [(OUT_KIND_EVENT, orjson.dumps(e.__dict__).decode()) for e in events]
-            stats.events = len(events)
+            for part in device_chunks(reports, DEVICE_CHUNK):   # devices are independent of each other
+                events, publics, part_stats = _process_reports(ctx, partition, part)
+                evs[0] += [p.decode() for p in publics]
+                evs[1] += [e.fence_id for e in events]
+                evs[2] += [e.ts for e in events]
+                evs[3] += [e.event_id for e in events]
+                part_stats.events = len(events)
+                stats = _merged(stats, part_stats) if stats.points else part_stats
+                del events, part_stats
     stats.seconds = round(time.perf_counter() - started, 4)
     side.append((OUT_KIND_STATS, stats.to_json()))
-    yield pa.RecordBatch.from_arrays([pa.array([k for k, _ in side], pa.int8()),
-                                      pa.array([p for _, p in side], pa.string())], schema=OUTPUT)
+    n, m = len(evs[0]), len(side)
+    yield pa.RecordBatch.from_arrays([
+        pa.array(np.r_[np.full(n, OUT_KIND_EVENT, np.int8), np.array([k for k, _ in side], np.int8)]),
+        pa.array(evs[0] + [p for _, p in side], pa.string()), pa.array(evs[1] + [None] * m, pa.string()),
+        pa.array(evs[2] + [None] * m, pa.int64()), pa.array(evs[3] + [None] * m, pa.string())], schema=OUTPUT)
+
+
+# A task works on at most this many devices at a time: its memory is bounded by this, not by how many
+# devices a batch touches (a million collars reporting once each in one batch; issue 23)
+DEVICE_CHUNK = 100_000
+
+
+def device_chunks(reports: pa.Table, limit: int = DEVICE_CHUNK) -> list[pa.Table]:
+    """`reports` split by device id into tables of at most `limit` devices, each device's rows
+    together and in their order; one table (itself) when it has no more devices than that."""
+    if reports.num_rows <= limit:
+        return [reports]
+    encoded = reports.column("device_id").combine_chunks().dictionary_encode()
+    if len(encoded.dictionary) <= limit:
+        return [reports]
+    chunk = encoded.indices.to_numpy(zero_copy_only=False) // limit
+    return [reports.filter(pa.array(chunk == c)) for c in range(int(chunk.max()) + 1)]
+
+
+def _merged(a: PartitionStats, b: PartitionStats) -> PartitionStats:
+    groups = Counter(a.groups)
+    groups.update(b.groups)
+    stage = Counter(a.stage_s)
+    stage.update(b.stage_s)
+    return PartitionStats(a.partition, points=a.points + b.points, devices=a.devices + b.devices,
+                          events=a.events + b.events, redis_local=a.redis_local + b.redis_local,
+                          redis_cross=a.redis_cross + b.redis_cross, fences_cached=b.fences_cached,
+                          groups=dict(groups), stage_s={k: round(v, 4) for k, v in stage.items()})
 
 
 def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
@@ -130,7 +172,9 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     clock.lap("write")
     # the task's events into their farms' logs (once per event id) before the batch commits: a
     # replay recomputes the same ids, and the driver only produces them to Kafka
-    event_log(redis).add([e.__dict__ for e in events], ctx.epoch)
+    dicts = [e.__dict__ for e in events]
+    publics = public_events(dicts)
+    event_log(redis).add(dicts, ctx.epoch, publics)
     # after the writes AND the events: API workers drop cached answers, and their live streams read
     # the farm's events at once (announced before the events, a stream waited for its next poll)
     notify.live_changed(redis, changed)
@@ -139,7 +183,7 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     stats = PartitionStats(partition, points=len(frame), devices=len(devices.dkeys), groups=dict(group_points),
                            redis_local=counter.local, redis_cross=counter.cross, fences_cached=len(cache),
                            stage_s=clock.laps)
-    return events, stats
+    return events, publics, stats
 
 
 class _Stopwatch:
@@ -176,7 +220,8 @@ def _by(keys_: list, values: list) -> dict:
 
 def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter) -> None:
     """State of each device before this batch, one HMGET per home group. Versioned records make a
-    replay of the same batch start from the same state: {"b": batch that wrote it, "s": after, "p": before}."""
+    replay of the same batch start from the same state (transitions.state_record: the state after the
+    batch that wrote it, and what the state before it had different)."""
     n = len(devices.dkeys)
     raws: list[str | None] = [None] * n
     by_home = _by(devices.homes, range(n))
@@ -239,15 +284,15 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
             if state.seen is None or received_ms - state.seen >= seen_step_ms:
                 seen.setdefault(farm_id, {})[device_id] = received_ms
                 state.seen = received_ms
-            positions.setdefault(farm_id, {})[device_id] = orjson.dumps({
+            positions.setdefault(farm_id, {})[device_id] = compact_json.dumps({
                 "lat": devices.frame_lat[row], "lon": devices.frame_lon[row], "ts": devices.frame_ts[row],
                 "battery": state.battery, "rx": received_ms,
-                "fences": [u.partition("/")[2] for u in state.inside_fences()], "cell": cell})
+                "fences": [u.partition("/")[2] for u in state.inside_fences()]})   # its cell: in the state
             if previous_cell != cell:
                 if previous_cell:
                     cell_removes.setdefault((farm_id, previous_cell), []).append(device_id)
                 cell_adds.setdefault((farm_id, cell), []).append(device_id)
-        state_by_home.setdefault(home, {})[dkey] = orjson.dumps({"b": version, "s": state.to_dict(), "p": old})
+        state_by_home.setdefault(home, {})[dkey] = compact_json.dumps(state_record(version, state.to_dict(), old))
         moved_from = devices.moved_from[d]
         if moved_from:
             removed_by_old.setdefault(moved_from, []).append(dkey)

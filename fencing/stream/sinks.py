@@ -3,10 +3,11 @@ time index + live stream, each event written once; by the process tasks) and Kaf
 the driver); dead letters → `gps.reports.dlq`; pings → `{job}:ping:<id>`."""
 from __future__ import annotations
 
-import orjson
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from fencing.model.timeutil import iso_many
-from fencing.model import keys, notify
+from fencing.model import compact_json, keys, notify
 from fencing.model.lease import FENCE_PRELUDE, epoch_key
 from fencing.model.node_pipe import NodePipeline
 
@@ -33,7 +34,7 @@ return flags
 def public_events(events: list[dict]) -> list[bytes]:
     """Each event as the contract's JSON (the value in Kafka `fence.events`, the logs and webhooks),
     with its farm: a consumer serving several farms routes an event without looking its fence up."""
-    return [orjson.dumps({"event_id": e["event_id"], "type": e["type"], "farm_id": e["farm_id"],
+    return [compact_json.dumps({"event_id": e["event_id"], "type": e["type"], "farm_id": e["farm_id"],
                           "device_id": e["device_id"],
                           "fence_id": e["fence_id"], "ts": stamp, "lat": e["lat"], "lon": e["lon"],
                           **_MARKS[bool(e.get("inferred")), bool(e.get("late"))]})
@@ -45,6 +46,21 @@ _MARKS = {(False, False): {}, (True, False): {"inferred": True}, (False, True): 
           (True, True): {"inferred": True, "late": True}}
 
 
+EVENT_CHUNK = 20_000     # events turned into Python objects at a time by the driver
+
+
+def event_records(events: pa.Table, chunk: int = EVENT_CHUNK):
+    """(key, value) pairs of the event rows in (ts, event id) order, made `chunk` rows at a time: the
+    driver's memory holds the batch's events as Arrow, not as Python objects."""
+    if not events.num_rows:
+        return
+    order = pc.sort_indices(events, sort_keys=[("ts", "ascending"), ("eid", "ascending")])
+    for start in range(0, len(order), chunk):
+        part = events.take(order[start:start + chunk])
+        for key, value in zip(part.column("key").to_pylist(), part.column("payload").to_pylist()):
+            yield key.encode(), value.encode()
+
+
 class EventLog:
     """Each farm's event log in Redis (hash + time index + live stream), written once per event id.
     Used by the process tasks (their own events, before the batch commits) and the silent scanner."""
@@ -54,13 +70,15 @@ class EventLog:
         self.add_events = redis.register_script(_ADD_EVENTS)
         redis.script_load(_ADD_EVENTS)              # on every master: the pipelined EVALSHA needs it
 
-    def add(self, events: list[dict], epoch: int = 0) -> list[tuple[dict, bytes]]:
+    def add(self, events: list[dict], epoch: int = 0, publics: list[bytes] | None = None) -> list[tuple[dict, bytes]]:
         """Each event into its farm's log unless its id is there already; returns the new ones, by
-        time, each with its public JSON. One script call per farm (bounded chunks), pipelined per
-        master: a batch touching thousands of farms costs one round trip per node, not one per farm."""
-        events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
+        time, each with its public JSON (`publics`: already made by the caller, in `events`' order).
+        One script call per farm (bounded chunks), pipelined per master: a batch touching thousands
+        of farms costs one round trip per node, not one per farm."""
+        pairs = sorted(zip(events, publics if publics is not None else public_events(events)),
+                       key=lambda ep: (ep[0]["ts"], ep[0]["event_id"]))
         by_farm: dict[str, list[tuple[dict, bytes]]] = {}
-        for event, public in zip(events, public_events(events)):
+        for event, public in pairs:
             by_farm.setdefault(event["farm_id"], []).append((event, public))
         pipe = NodePipeline(self.redis)
         chunks: list[list[tuple[dict, bytes]]] = []
@@ -100,16 +118,15 @@ class Sinks:
         self.epoch = epoch              # the lease's epoch: every write is fenced by it (0: not fenced)
         self.log = event_log(redis)
 
-    def write(self, batch_id: str, events: list[dict], dead_letters: list[str], pings: list[str]) -> None:
-        """`batch_id` is the run-qualified batch version."""
-        events = sorted(events, key=lambda e: (e["ts"], e["event_id"]))
+    def write(self, batch_id: str, events: pa.Table, dead_letters: list[str], pings: list[str]) -> None:
+        """`batch_id` is the run-qualified batch version; `events`: the tasks' event rows (public JSON
+        `payload`, `key` = fence id, `ts`, `eid` = event id), produced by time from Arrow in chunks."""
         marker = keys.SINK_DONE.format(batch_id)
         if not self.redis.get(marker):
             self.check_epoch(marker)    # a driver that lost its lease produces nothing
             # Kafka has no upsert: the marker keeps a replayed batch from producing again; consumers can
             # also drop duplicates by the deterministic event_id.
-            self.producer.produce_records("fence.events", [(e["fence_id"].encode(), public)
-                                                           for e, public in zip(events, public_events(events))])
+            self.producer.produce_records("fence.events", event_records(events))
             self.producer.produce_records("gps.reports.dlq", [(None, d.encode()) for d in dead_letters])
             self.set(marker, "1", ex=7 * 24 * 3600)
         for ping in pings:

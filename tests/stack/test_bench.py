@@ -43,6 +43,12 @@ def test_push_bench_is_exact(stack, tmp_path):
     assert result["lost"] == 0 and result["duplicated"] == 0 and result["unexpected_events"] == 0
     assert result["points_per_s"] > 0 and result["vectorized_limit_points_per_s"] > 0
     assert out.with_suffix(".png").stat().st_size > 1000
+    memory = result["memory"]            # issue 23: where the memory goes, sampled from /proc
+    assert memory["samples"] > 0 and memory["peak_mb"]["driver"] > 0 and memory["peak_mb"]["jvm"] > 0
+    assert memory["peak_mb"]["worker_max"] > 0 and memory["peak_mb"]["redis_masters"] > 0
+    redis = memory["redis"]
+    assert redis["used_memory"]["run"] > redis["used_memory"]["start"]
+    assert 0 < redis["family_bytes_per_device"]["state"] < 2000 and redis["event_bytes"] > 0
 
 
 def test_push_bench_with_sparse_late_collars_is_exact(stack, tmp_path):

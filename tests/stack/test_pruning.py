@@ -109,3 +109,21 @@ def test_history_compaction_beside_the_running_job_keeps_every_position(stack):
     assert done.merged_files >= 3 and len(list(root.glob("day=*/*.parquet"))) < files_before
     again = farm.api.get("/v1/positions/history", params={"device_id": "cow-h"})
     assert again.json() == history.json()
+
+
+def test_a_fence_named_only_in_the_delta_of_the_state_before_is_kept_while_replayable(stack):
+    """Records keep the state before their batch as a delta (transitions.state_record, issue 23): a
+    fence the device had before that batch, gone after it, is named in "d" until the batch commits."""
+    from fencing.model.transitions import state_record
+    redis = stack.redis
+    tag = secrets.token_hex(4)
+    uid = f"pd-{tag}/f-d"
+    state_key = keys.group_state(f"pd{tag}")
+    before = {"t": 1, "f": {uid: [1, 0, 0, 1, 0, 0]}}
+    after = {"t": 2, "f": {}}
+    redis.hset(state_key, f"pd-{tag}/cow", orjson.dumps(state_record("runy:7", after, before)))
+    try:
+        assert named_in_states(redis, [uid], "runy", 7) == {uid}
+        assert named_in_states(redis, [uid], "runy", 8) == set()
+    finally:
+        redis.delete(state_key)

@@ -142,3 +142,25 @@ def test_advance_with_its_shortcuts_matches_the_rule_report_by_report():
             want = _every_report_every_fence(slow, ts, lat, lon, matched, rules, deleted)
             assert got.events == want
             assert fast.to_dict() == slow.to_dict()
+
+
+def test_state_record_keeps_the_state_before_as_a_delta_and_gives_it_back():
+    """Redis holds one copy of a device's state (issue 23): the state before the batch that wrote the
+    record is its difference from the state after, and a replay of that batch gets it back exactly."""
+    import orjson
+
+    from fencing.model.transitions import state_before, state_record
+    before = {"t": 1000, "la": 47.1, "lo": 8.5, "bt": 90.0, "c": "871f8d7a4ffffff",
+              "f": {"farm/f1": [1, 0, 0, 900, 0, 0]}, "sn": 5, "kf": 900, "lf": [[950, 47.0, 8.4, []]]}
+    after = {"t": 2000, "la": 47.2, "lo": 8.5, "bt": 89.5, "c": "871f8d7a4ffffff",
+             "f": {"farm/f1": [1, 0, 0, 900, 0, 0], "farm/f2": [0, 1, 2000, None, 0, 0]}, "sn": 5, "kf": 900,
+             "ac": 4.0}
+    record = orjson.loads(orjson.dumps(state_record("run:7", after, before)))
+    assert "p" not in record and set(record["d"]) == {"t", "la", "bt", "f", "lf"} and record["x"] == ["ac"]
+    assert state_before(record, "run:7") == before             # a replay of batch 7
+    assert state_before(record, "run:8") == after              # any later batch
+    assert len(orjson.dumps(record)) < len(orjson.dumps({"b": "run:7", "s": after, "p": before}))
+    new = orjson.loads(orjson.dumps(state_record("run:7", after, None)))
+    assert state_before(new, "run:7") is None and state_before(new, "run:8") == after
+    old_style = {"b": "run:7", "s": after, "p": before}         # written before the delta
+    assert state_before(old_style, "run:7") == before and state_before(old_style, "run:8") == after
