@@ -128,7 +128,7 @@ HA_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(24092 + OFFSET), "HERDFENCE_EMB
 def ha_stack(tmp_path_factory):
     home = tmp_path_factory.mktemp("herdfence-ha")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
-    env.update(HA_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_TRIGGER="200 milliseconds", HERDFENCE_ELASTIC="0")
+    env.update(HA_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_OWNER_PID=str(os.getpid()), HERDFENCE_TRIGGER="200 milliseconds", HERDFENCE_ELASTIC="0")
     s = Stack(env=env, api_url=f"http://127.0.0.1:{HA_PORTS['HERDFENCE_API_PORT']}")
     try:
         s.cli("up", "--detach", "--redis-replicas", "1", timeout=600)

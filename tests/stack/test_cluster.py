@@ -36,7 +36,7 @@ def stack(tmp_path_factory) -> Stack:
     """Overrides conftest's session stack for this module: a standalone cluster with 2 workers."""
     home = tmp_path_factory.mktemp("herdfence-cluster")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
-    env.update(CLUSTER_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_TRIGGER="200 milliseconds")
+    env.update(CLUSTER_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_OWNER_PID=str(os.getpid()), HERDFENCE_TRIGGER="200 milliseconds")
     s = Stack(env=env, api_url=f"http://127.0.0.1:{CLUSTER_PORTS['HERDFENCE_API_PORT']}")
     try:
         t0 = time.monotonic()
@@ -155,7 +155,7 @@ def test_add_a_worker_and_the_job_uses_it(stack):
 # --- configuration validated at start (no stack needed: `up` must refuse before starting anything) ----
 def _up_fails(tmp_path, **env_vars) -> str:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
-    env.update(CLUSTER_PORTS, HERDFENCE_HOME=str(tmp_path / "home"), **env_vars)
+    env.update(CLUSTER_PORTS, HERDFENCE_HOME=str(tmp_path / "home"), HERDFENCE_OWNER_PID=str(os.getpid()), **env_vars)
     done = subprocess.run([HERDFENCE, "up", "--detach"], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 1, done.stdout + done.stderr

@@ -23,7 +23,7 @@ PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": "15092", "HERDFENCE_EMBEDDED_REDIS_POR
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
     e = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
-    e.update(PORTS, HERDFENCE_HOME=str(tmp_path_factory.mktemp("deploy-home")))
+    e.update(PORTS, HERDFENCE_HOME=str(tmp_path_factory.mktemp("deploy-home")), HERDFENCE_OWNER_PID=str(os.getpid()))
     return e
 
 
