@@ -37,8 +37,6 @@ def pyspark_zip() -> Path | None:
 
 def compile_zip(path: Path) -> int:
     """Add bytecode to `path` in place (atomically); the number of modules compiled, 0 if done before."""
-    import importlib.util as iu
-
     with zipfile.ZipFile(path) as src:
         names = src.namelist()
         if MARKER in names:
@@ -57,7 +55,7 @@ def compile_zip(path: Path) -> int:
                 with warnings.catch_warnings():      # pyspark's own test modules warn; not ours to fix
                     warnings.simplefilter("ignore")
                     code = compile(data, f"{path}{os.sep}{info.filename}", "exec", dont_inherit=True)
-                pyc = _code_to_hash_pyc(code, iu.source_hash(data), checked=False)
+                pyc = _code_to_hash_pyc(code, importlib.util.source_hash(data), checked=False)
                 out.writestr(zipfile.ZipInfo(info.filename + "c", date_time=info.date_time), bytes(pyc))
                 compiled += 1
             out.writestr(MARKER, sys.version)

@@ -65,7 +65,7 @@ class SourceOptions:
                    get("client") or "confluent",
                    (num("probeIntervalMs") or 100) / 1000.0,
                    (num("partitionDiscoveryIntervalMs") or 5000) / 1000.0,
-                   (num("exactProbeEveryMs") if get("exactProbeEveryMs") else 3000) / 1000.0)
+                   num("exactProbeEveryMs") / 1000.0 if get("exactProbeEveryMs") else cls.exact_probe_every_s)
 
 
 # ----------------------------------------------------------------------------- pure planning

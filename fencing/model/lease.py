@@ -9,8 +9,8 @@ epoch.
 A killed holder is noticed sooner than its TTL: it keeps a connection named after itself open to the
 lease's Redis node (its presence). The kernel closes that connection the moment the process dies, so
 a standby that sees the holder's presence gone on three polls in a row (0.2 s, longer than the
-holder takes to follow a moved slot) deletes the lease (only if that
-holder still has it) and takes it at once. A paused or cut-off holder keeps its connection (or cannot be
+holder takes to follow a moved slot) deletes the lease (only if that holder still has it) and takes
+it at once. A paused or cut-off holder keeps its connection (or cannot be
 told apart from one that does): the TTL decides, and the epoch fences whatever it writes afterwards.
 
 Losing the lease is not enough to stop an old driver: a paused process cannot notice anything. So
@@ -28,13 +28,15 @@ import threading
 import time
 from typing import Callable
 
+from fencing.model.redis_conn import node_connection
+
 log = logging.getLogger(__name__)
 
 LEASE_KEY = "{job}:lease"       # the holder's id, with a TTL
 EPOCH_KEY = "{job}:epoch"       # incremented by every take-over (same slot as the lease)
-STANDBY_KEY = "{job}:standby"
+STANDBY_KEY = "{job}:standby"   # the holder id of the job process standing by, warm, for the lease
 PRESENCE_PREFIX = "herdfence-lease:"   # CLIENT SETNAME of a job's presence connection, + its holder id
-ABSENT_POLLS = 3                 # a holder's presence missing this many polls in a row (0.2 s): it died   # the holder id of the job process standing by, warm, for the lease
+ABSENT_POLLS = 3                 # a holder's presence missing this many polls in a row (0.2 s): it died
 LUA_UNPACK_MAX = 7_000          # Lua's unpack() takes ~8,000 values at most: longer commands are split
 
 _ACQUIRE = """
@@ -139,8 +141,9 @@ class Lease:
         self._keep_presence()       # before taking the lease: a holder always has its presence
         while not (stop and stop.is_set()):
             try:
-                if wait and self._holder_dead():
-                    self._release(keys=[self.lease_key], args=[self._absent[0]])
+                dead = self._dead_holder() if wait else None
+                if dead:
+                    self._release(keys=[self.lease_key], args=[dead])
                 epoch = self.try_acquire()
             except Exception as e:  # noqa: BLE001 - Redis away: keep waiting, the stack restarts it
                 log.warning("lease: cannot reach Redis (%s); retrying", e)
@@ -182,7 +185,8 @@ class Lease:
                 self._presence.ping()
                 return
             self._close_presence()
-            self._presence, self._presence_node = presence_connection(where, PRESENCE_PREFIX + self.holder), where
+            self._presence = node_connection(*where, name=PRESENCE_PREFIX + self.holder)
+            self._presence_node = where
         except Exception as e:  # noqa: BLE001 - without it a standby waits for the TTL, or takes over early
             self._close_presence()
             log.debug("lease: no presence connection (%s)", e)
@@ -192,24 +196,25 @@ class Lease:
             self._presence.close()
         self._presence, self._presence_node = None, None
 
-    def _holder_dead(self) -> bool:
-        """The lease's holder has had no presence connection for ABSENT_POLLS polls in a row (killed)."""
+    def _dead_holder(self) -> str | None:
+        """The lease's holder when it has had no presence connection for ABSENT_POLLS polls in a row
+        (killed), else None."""
         self._keep_presence()
         holder = self.redis.get(self.lease_key)
         if self._presence is None or holder is None or holder == self.holder:
             self._absent = (None, 0)
-            return False
+            return None
         try:
             present = any(c.get("name") == PRESENCE_PREFIX + holder for c in self._presence.client_list())
         except Exception:  # noqa: BLE001 - cannot tell: the TTL decides
             self._absent = (None, 0)
-            return False
+            return None
         misses = 0 if present else (self._absent[1] + 1 if self._absent[0] == holder else 1)
         self._absent = (holder, misses)
-        if misses >= ABSENT_POLLS:
-            log.warning("lease: the holder %s has no connection left (its process died): taking over", holder)
-            return True
-        return False
+        if misses < ABSENT_POLLS:
+            return None
+        log.warning("lease: the holder %s has no connection left (its process died): taking over", holder)
+        return holder
 
     def release(self) -> None:
         self._stop.set()
@@ -218,16 +223,6 @@ class Lease:
         except Exception:  # noqa: BLE001 - it expires anyway
             pass
         self._close_presence()
-
-
-def presence_connection(node: tuple[str, int], name: str):
-    """A plain connection to `node` named `name` (CLIENT LIST shows it; it closes when the process dies)."""
-    from redis import Redis
-
-    conn = Redis(host=node[0], port=node[1], decode_responses=True, socket_timeout=2,
-                 socket_connect_timeout=2, client_name=name)
-    conn.ping()
-    return conn
 
 
 def mark_standby(redis, holder: str) -> None:

@@ -7,6 +7,7 @@ import threading
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry as AsyncRetry
+from redis import Redis
 from redis.backoff import ExponentialBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
@@ -26,6 +27,15 @@ def new_cluster(host: str, port: int, **overrides) -> RedisCluster:
     """A new synchronous client (decoded strings)."""
     return RedisCluster(host=host, port=port, decode_responses=True,
                         **{**TIMEOUTS, "retry": Retry(_backoff(), 8), **overrides})
+
+
+def node_connection(host: str, port: int, name: str) -> Redis:
+    """A plain connection to one node, named `name` (CLIENT LIST shows it; it closes when the process
+    dies: the job lease's presence). Short timeouts, no retries: a dead node is an answer."""
+    conn = Redis(host=host, port=port, decode_responses=True, socket_timeout=2, socket_connect_timeout=2,
+                 client_name=name)
+    conn.ping()
+    return conn
 
 
 def cluster(host: str, port: int) -> RedisCluster:
