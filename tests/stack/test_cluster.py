@@ -196,14 +196,16 @@ def test_redis_not_a_cluster_or_unreachable_is_refused(tmp_path):
 def test_redis_cluster_of_any_size_passes_validation(tmp_path, masters):
     """The embedded cluster can have any number of masters (HERDFENCE_EMBEDDED_REDIS_MASTERS); the
     start-up check reads its slot map (CLUSTER SLOTS) whatever the size. Ports 12301+ keep the bus
-    ports (+10000) below the ephemeral range (32768+): at 23201 a bus port 33205 was once taken."""
+    ports (+10000) below the ephemeral range (32768+): at 23201 a bus port 33205 was once taken. Shifted
+    by the test offset like the module's stack (12101 + offset), which it would otherwise meet at offset 200."""
     from deploy import redis_cluster, validate
     from fencing.config import load_settings
-    settings = load_settings({"HERDFENCE_HOME": str(tmp_path), "HERDFENCE_EMBEDDED_REDIS_PORT": "12301",
+    port = 12301 + OFFSET
+    settings = load_settings({"HERDFENCE_HOME": str(tmp_path), "HERDFENCE_EMBEDDED_REDIS_PORT": str(port),
                               "HERDFENCE_EMBEDDED_REDIS_MASTERS": str(masters)})
     try:
         redis_cluster.up(settings)
-        found = validate.check_redis_cluster("127.0.0.1:12301")
+        found = validate.check_redis_cluster(f"127.0.0.1:{port}")
         assert len(found["masters"]) == masters and found["slots_covered"] == 16384
         from fencing.elastic import routing
         table = routing.load(redis_cluster.connect(settings))
