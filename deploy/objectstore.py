@@ -29,6 +29,7 @@ import bisect
 import email.utils
 import logging
 import os
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -271,11 +272,44 @@ def _range(header: str, size: int) -> tuple[int, int] | None:
     return (start, end) if start < end else None
 
 
+class RequestStats:
+    """Requests served per kind (GET, PUT, LIST, ...) and the time spent in them, logged every
+    `every_s`: what the broker asks of its disk (a fetch is a listing plus a GET per record batch)."""
+
+    def __init__(self, every_s: float = 60.0) -> None:
+        self.every_s = every_s
+        self.count: dict[str, int] = {}
+        self.seconds: dict[str, float] = {}
+        self.bytes = 0
+
+    def add(self, kind: str, seconds: float, size: int) -> None:
+        self.count[kind] = self.count.get(kind, 0) + 1
+        self.seconds[kind] = self.seconds.get(kind, 0.0) + seconds
+        self.bytes += size
+
+    def take(self) -> str:
+        if not self.count:
+            return ""
+        parts = [f"{k} {n} ({self.seconds[k] / n * 1e6:.0f} µs)" for k, n in sorted(self.count.items())]
+        line = f"{', '.join(parts)}; {self.bytes / 1e6:.1f} MB in {self.every_s:.0f} s"
+        self.count, self.seconds, self.bytes = {}, {}, 0
+        return line
+
+    async def run(self) -> None:
+        log = logging.getLogger("herdfence.objectstore")
+        while True:
+            await asyncio.sleep(self.every_s)
+            line = self.take()
+            if line:
+                log.info("requests: %s", line)
+
+
 class S3App:
     """ASGI application over a DiskStore."""
 
-    def __init__(self, store: DiskStore) -> None:
+    def __init__(self, store: DiskStore, stats: RequestStats | None = None) -> None:
         self.store = store
+        self.stats = stats
 
     async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 - ASGI
         if scope["type"] != "http":
@@ -288,6 +322,7 @@ class S3App:
             more = msg.get("more_body", False)
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         path = unquote(scope["path"])
+        started = time.perf_counter()
         try:
             status, out_headers, out = self.handle(scope["method"], path,
                                                    scope.get("query_string", b"").decode(), headers, body)
@@ -297,6 +332,10 @@ class S3App:
             err = S3Error(400, "InvalidArgument", str(e))
             status, out_headers, out = 400, {"content-type": "application/xml"}, _error_xml(err, path)
         out_headers.setdefault("content-length", str(len(out)))
+        if self.stats is not None:
+            method = scope["method"]
+            kind = "LIST" if method == "GET" and "/" not in path.lstrip("/") else method
+            self.stats.add(kind, time.perf_counter() - started, len(body) + len(out))
         await send({"type": "http.response.start", "status": status,
                     "headers": [(k.encode(), v.encode()) for k, v in out_headers.items()]})
         await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else out})
@@ -354,10 +393,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--checkpoint", type=Path, help="the job's checkpoint: consumed gps.reports objects are "
                                                    "deleted after --keep-seconds (deploy/broker_retention.py)")
     p.add_argument("--keep-seconds", type=float, default=600.0)
+    p.add_argument("--stats-every", type=float, default=60.0, help="log request counts every N seconds")
     args = p.parse_args(argv)
     from fencing.config import TUNING
     store = DiskStore(args.root, fsync=TUNING.objectstore_fsync)
-    config = uvicorn.Config(S3App(store), host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
+    stats = RequestStats(args.stats_every)
+    config = uvicorn.Config(S3App(store, stats), host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
                             http="httptools", loop="uvloop", lifespan="off")
     server = uvicorn.Server(config)
 
@@ -366,6 +407,7 @@ def main(argv: list[str] | None = None) -> None:
             from deploy.broker_retention import Retention
             # on the server's own loop: a sweep's deletes never interleave with a request
             asyncio.get_running_loop().create_task(Retention(store, args.checkpoint, args.keep_seconds).run())
+        asyncio.get_running_loop().create_task(stats.run())
         await server.serve()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import uvloop

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+import weakref
 from typing import Iterable, Sequence
 
 import orjson
@@ -68,16 +70,84 @@ class KafkaWriter:
         self._producer.flush(self.timeout_s)
 
 
+class _Acks:
+    """One caller's records in flight: counted by delivery callbacks on the poller thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.sent: int | None = None          # set once every record of the call is queued
+        self.delivered = 0
+        self.errors: list[str] = []
+        self.done = threading.Event()
+
+    def on_delivery(self, err, _msg) -> None:  # noqa: ANN001 - librdkafka's callback
+        with self.lock:
+            self.delivered += 1
+            if err is not None:
+                self.errors.append(str(err))
+            if self.sent is not None and self.delivered >= self.sent:
+                self.done.set()
+
+    def all_queued(self, sent: int) -> None:
+        with self.lock:
+            self.sent = sent
+            if self.delivered >= sent:
+                self.done.set()
+
+
+def _serve_callbacks(ref: "weakref.ref[ReportProducer]") -> None:
+    while True:
+        me = ref()
+        if me is None or me._closed.is_set():
+            return
+        producer = me._producer
+        del me
+        producer.poll(0.05)
+
+
 class ReportProducer(KafkaWriter):
-    """The API's producer: key = device id, value = the report JSON."""
+    """The API's producer: key = device id, value = the report JSON.
+
+    Many requests produce at once (collars post one or two fixes each, from the API's thread pool):
+    each waits for the acknowledgement of its own records only, so librdkafka packs concurrent
+    requests into shared record batches (group commit). A global flush under a lock, as KafkaWriter
+    does for the job's single caller, made every request one broker round trip after the other and
+    one record batch (one object in the disk-backed broker) per request."""
 
     def __init__(self, bootstrap: str, topic: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         from fencing.config import TOPIC_REPORTS
-        super().__init__(bootstrap, timeout_s)
+        super().__init__(bootstrap, timeout_s, **{"delivery.report.only.error": False})
         self.topic = topic or TOPIC_REPORTS
+        self._closed = threading.Event()
+        # delivery callbacks run on whichever thread polls: one daemon thread serves them all. It holds
+        # the producer weakly: the API drops a producer gone fatal, and its thread then ends with it.
+        threading.Thread(target=_serve_callbacks, args=(weakref.ref(self),), name="report-producer-poll",
+                         daemon=True).start()
+
+    def produce_records(self, topic: str, records: Iterable[tuple[bytes | str | None, bytes]]) -> int:
+        acks = _Acks()
+        sent = 0
+        for key, value in records:
+            while True:
+                try:
+                    self._producer.produce(topic, value=value, key=key, on_delivery=acks.on_delivery)
+                    break
+                except BufferError:   # local queue full: the poller drains deliveries
+                    time.sleep(0.005)
+            sent += 1
+        acks.all_queued(sent)
+        if not acks.done.wait(self.timeout_s + 1.0):
+            raise BrokerUnavailable(f"{sent - acks.delivered} of {sent} records not acknowledged in time")
+        if acks.errors:
+            raise BrokerUnavailable(f"{len(acks.errors)} of {sent} records not acknowledged: {acks.errors[0]}")
+        return sent
 
     def send_many(self, reports: Sequence[dict]) -> None:
         self.produce_records(self.topic, ((r["device_id"], orjson.dumps(r)) for r in reports))
+
+    def close(self) -> None:
+        super().close()
+        self._closed.set()
 
 
 class DeadLetterWriter(KafkaWriter):
