@@ -4,8 +4,9 @@ A farmer's open map holds one `GET /v1/events/stream`. Each worker keeps ONE fee
 open streams: a cursor in the farm's event stream (Redis), read with a non-blocking XREAD on the
 asyncio cluster client when a change notice names the farm (api/invalidation.py: the job's tasks
 announce the farms they wrote after every micro-batch, once their events are in the farm's stream)
-and, for a farm nothing read for `poll_s` (5 s), then anyway: a safety net, since notices come after
-the events and a broken subscription reads every feed when it is back (api/invalidation.py). What is read is
+and, for a farm nothing read for `poll_s` (30 s, spread over the period), then anyway: a safety net
+(notices come after the events, and a broken subscription reads every feed when it is back,
+api/invalidation.py). What is read is
 rendered once as an SSE frame and that frame is put on each stream's own bounded queue. No thread
 and no blocking Redis call per stream: 2,000 open maps cost 2,000 small queues and, per micro-batch,
 one read per farm that changed.
@@ -17,7 +18,10 @@ and per worker are capped (429 beyond).
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
+import math
+import random
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +29,12 @@ from fencing.model import keys
 
 log = logging.getLogger("herdfence.events")
 READ_COUNT = 500
+# The safety net's period: notices are the way events reach a feed, and a broken subscription reads
+# every feed once it is back (api/invalidation.py), so this only covers a notice lost on a healthy
+# connection. Its reads are spread over the period, never one burst: 834 farms' feeds read at once
+# every 5 s stalled a worker's event loop (and every request waiting on it) for ~0.1 s.
+POLL_S = 30.0
+TICK_S = 0.5
 REDIS_CALLS_AT_ONCE = 32     # 2,000 maps opened at once must not open 2,000 Redis connections at once
 
 
@@ -49,7 +59,7 @@ class _Feed:
 
 class EventHub:
     def __init__(self, aredis, per_farm: int = 100, per_worker: int = 5000, queue_max: int = 1000,
-                 poll_s: float = 5.0) -> None:
+                 poll_s: float = POLL_S) -> None:
         self.aredis = aredis
         self.per_farm, self.per_worker, self.queue_max, self.poll_s = per_farm, per_worker, queue_max, poll_s
         self.feeds: dict[str, _Feed] = {}
@@ -112,17 +122,22 @@ class EventHub:
         """For the worker's lifetime."""
         while True:
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self.poll_s / 2)
+                await asyncio.wait_for(self._wake.wait(), timeout=TICK_S)
             except asyncio.TimeoutError:
                 pass
             due, self._due = self._due, set()
             self._wake.clear()
-            # the periodic read, in case a notice was lost: only feeds nothing has read for poll_s
-            # (every farm's feed read every second cost a worker more than the notices' reads)
-            stale = time.monotonic() - self.poll_s
-            due.update(f for f, feed in self.feeds.items() if feed.read_at < stale)
+            due.update(self._stale_share())
             if due:
                 await asyncio.gather(*(self._read(f) for f in due if f in self.feeds))
+
+    def _stale_share(self) -> list[str]:
+        """The periodic read, in case a notice was lost: of the feeds nothing has read for poll_s, the
+        oldest, a tick's share of all feeds at most (each feed read about once per poll_s)."""
+        stale = time.monotonic() - self.poll_s
+        share = max(1, math.ceil(len(self.feeds) * TICK_S / self.poll_s))
+        return heapq.nsmallest(share, (f for f, feed in self.feeds.items() if feed.read_at < stale),
+                               key=lambda f: self.feeds[f].read_at)
 
     async def _read(self, farm_id: str) -> None:
         feed = self.feeds.get(farm_id)
@@ -170,13 +185,16 @@ def _before(a: str, b: str) -> bool:
 
 
 async def frames(hub: EventHub, sub: Subscriber, is_disconnected, keepalive_s: float = 15.0):
-    """SSE frames for one stream."""
+    """SSE frames for one stream. The first keep-alive comes after a random part of the period, so
+    that maps opened together (a region's after a restart) do not wake together every period."""
     yield b": connected\n\n"
+    wait_s = keepalive_s * random.uniform(0.5, 1.0)
     try:
         while not sub.dropped or not sub.queue.empty():
             try:
-                item = await asyncio.wait_for(sub.queue.get(), timeout=keepalive_s)
+                item = await asyncio.wait_for(sub.queue.get(), timeout=wait_s)
             except asyncio.TimeoutError:
+                wait_s = keepalive_s
                 if await is_disconnected():
                     return
                 yield b": keep-alive\n\n"

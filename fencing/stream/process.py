@@ -16,6 +16,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 
 from fencing.model import compact_json, history, keys, notify
+from fencing.stream import worker_gc
 from fencing.stream.fence_cache import process_cache
 from fencing.model.h3util import cell_to_str, cells_for_points
 from fencing.model.heartbeat import PartitionStats
@@ -71,6 +72,7 @@ class CallCounter:
 
 
 def process_partition(ctx: ProcessContext, batches):
+    worker_gc.task_started()
     started = time.perf_counter()
     partition = TaskContext.get().partitionId() if TaskContext.get() else 0
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]

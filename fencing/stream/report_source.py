@@ -34,8 +34,10 @@ class RoutedReportsReader(KafkaStreamReader):
     def read(self, partition: KafkaRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         from fencing.elastic import routing
         from fencing.model.redis_conn import cluster
+        from fencing.stream import worker_gc
         from fencing.stream.prepare import PrepareContext, prepare_partition
         from ingest.kafka_read import read_range
+        worker_gc.task_started()
         host, port = self.redis_node
         table = routing.load(cluster(host, port))
         context = PrepareContext(host, port, table, list(routing.partition_salts(table.partitions)))

@@ -1,0 +1,27 @@
+"""fencing/stream/worker_gc.py: a task freezes what is alive; once a period a task lets a full pass through."""
+from __future__ import annotations
+
+import gc
+import time
+
+from fencing.stream import worker_gc
+
+
+def test_tasks_freeze_the_heap_and_a_full_collection_comes_once_a_period(monkeypatch):
+    try:
+        monkeypatch.setattr(worker_gc, "_last_full", time.monotonic())
+        worker_gc.task_started()
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000                       # the modules' objects at least
+        garbage = [[] for _ in range(1000)]
+        for a, b in zip(garbage, garbage[1:]):      # cycles made during a task stay collectable
+            a.append(b), b.append(a)
+        del garbage, a, b
+        assert gc.collect() >= 1000
+        monkeypatch.setattr(worker_gc, "_last_full", time.monotonic() - worker_gc.FULL_EVERY_S - 1)
+        worker_gc.task_started()
+        assert gc.get_freeze_count() == 0            # the next collection walks everything
+        worker_gc.task_started()
+        assert gc.get_freeze_count() >= frozen - 1000
+    finally:
+        gc.unfreeze()
