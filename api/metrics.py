@@ -29,6 +29,30 @@ class ApiMetrics:
 METRICS = ApiMetrics()
 
 
+@dataclass
+class GcPauses:
+    """The cyclic collector's full (oldest-generation) passes in this worker: each one stops every
+    request the worker holds for as long as it walks the heap."""
+    count: int = 0
+    seconds: float = 0.0
+    max_s: float = 0.0
+    _started: float = 0.0
+
+    def callback(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+            return
+        took = time.perf_counter() - self._started
+        self.count += 1
+        self.seconds += took
+        self.max_s = max(self.max_s, took)
+
+
+GC_PAUSES = GcPauses()
+
+
 def render(redis) -> str:
     m = METRICS
     lines = [
@@ -64,6 +88,13 @@ def render(redis) -> str:
               "# TYPE herdfence_api_invalidation_listening gauge",
               f"herdfence_api_invalidation_listening {int(invalidation.listening())}"]
     lines += [f"herdfence_api_answer_cache_bytes {cache['bytes']}"]
+    gcp = GC_PAUSES
+    lines += ["# HELP herdfence_api_gc_full_seconds Full garbage collections of this worker (each stalls it).",
+              "# TYPE herdfence_api_gc_full_seconds summary",
+              f"herdfence_api_gc_full_seconds_sum {gcp.seconds:.6f}",
+              f"herdfence_api_gc_full_seconds_count {gcp.count}",
+              "# TYPE herdfence_api_gc_full_seconds_max gauge",
+              f"herdfence_api_gc_full_seconds_max {gcp.max_s:.6f}"]
     lines += _redis_memory(redis)
     lines += _job_metrics(redis)
     return "\n".join(lines) + "\n"

@@ -77,6 +77,8 @@ def test_metrics_docs_and_rate_limit(stack):
     used = [line for line in text.splitlines() if line.startswith("herdfence_redis_used_memory_bytes{")]
     assert len(used) == 3 and all(int(line.rsplit(" ", 1)[1]) > 0 for line in used), used
     assert 'herdfence_redis_maxmemory_bytes{' in text
+    # the worker's full garbage collections are counted (the worker froze its start-up heap)
+    assert "herdfence_api_gc_full_seconds_count " in text and "herdfence_api_gc_full_seconds_max " in text
     spec = stack.client(None).get("/openapi.json").json()
     for path in ("/v1/fences", "/v1/fences/{fence_id}", "/v1/reports", "/v1/fences/{fence_id}/devices",
                  "/v1/query/within", "/v1/devices/{device_id}", "/v1/positions", "/v1/events",

@@ -9,7 +9,7 @@ from fencing.stream import worker_gc
 
 def test_tasks_freeze_the_heap_and_a_full_collection_comes_once_a_period(monkeypatch):
     try:
-        monkeypatch.setattr(worker_gc, "_last_full", time.monotonic())
+        monkeypatch.setattr(worker_gc._policy, "_last_full", time.monotonic())
         worker_gc.task_started()
         frozen = gc.get_freeze_count()
         assert frozen > 10_000                       # the modules' objects at least
@@ -18,10 +18,24 @@ def test_tasks_freeze_the_heap_and_a_full_collection_comes_once_a_period(monkeyp
             a.append(b), b.append(a)
         del garbage, a, b
         assert gc.collect() >= 1000
-        monkeypatch.setattr(worker_gc, "_last_full", time.monotonic() - worker_gc.FULL_EVERY_S - 1)
+        monkeypatch.setattr(worker_gc._policy, "_last_full", time.monotonic() - worker_gc.FULL_EVERY_S - 1)
         worker_gc.task_started()
         assert gc.get_freeze_count() == 0            # the next collection walks everything
         worker_gc.task_started()
         assert gc.get_freeze_count() >= frozen - 1000
     finally:
         gc.unfreeze()
+
+
+def test_full_collections_are_timed_and_young_ones_ignored():
+    from api.metrics import GcPauses
+    pauses = GcPauses()
+    pauses.callback("start", {"generation": 0})
+    pauses.callback("stop", {"generation": 0})
+    assert pauses.count == 0
+    gc.callbacks.append(pauses.callback)
+    try:
+        gc.collect()
+    finally:
+        gc.callbacks.remove(pauses.callback)
+    assert pauses.count == 1 and 0 < pauses.max_s == pauses.seconds
