@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 import weakref
 from typing import Iterable, Sequence
 
@@ -45,25 +44,30 @@ class KafkaWriter:
         """Send (key, value) pairs and block until every one is acknowledged; raise
         BrokerUnavailable otherwise. Returns the number acknowledged."""
         errors: list[str] = []
-        sent = 0
 
         def on_delivery(err, _msg) -> None:  # noqa: ANN001
             if err is not None:
                 errors.append(str(err))
 
         with self._lock:
-            for key, value in records:
-                while True:
-                    try:
-                        self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
-                        break
-                    except BufferError:  # local queue full: let deliveries drain
-                        self._producer.poll(0.05)
-                sent += 1
+            sent = self._enqueue(topic, records, on_delivery)
             left = self._producer.flush(self.timeout_s)
         if left or errors:
             raise BrokerUnavailable(f"{left} of {sent} records not acknowledged"
                                     + (f": {errors[0]}" if errors else " in time"))
+        return sent
+
+    def _enqueue(self, topic: str, records: Iterable[tuple[bytes | str | None, bytes]], on_delivery) -> int:
+        """Queue every record in librdkafka (waiting while its local queue is full); the count queued."""
+        sent = 0
+        for key, value in records:
+            while True:
+                try:
+                    self._producer.produce(topic, value=value, key=key, on_delivery=on_delivery)
+                    break
+                except BufferError:  # local queue full: let deliveries drain
+                    self._producer.poll(0.05)
+            sent += 1
         return sent
 
     def close(self) -> None:
@@ -126,15 +130,7 @@ class ReportProducer(KafkaWriter):
 
     def produce_records(self, topic: str, records: Iterable[tuple[bytes | str | None, bytes]]) -> int:
         acks = _Acks()
-        sent = 0
-        for key, value in records:
-            while True:
-                try:
-                    self._producer.produce(topic, value=value, key=key, on_delivery=acks.on_delivery)
-                    break
-                except BufferError:   # local queue full: the poller drains deliveries
-                    time.sleep(0.005)
-            sent += 1
+        sent = self._enqueue(topic, records, acks.on_delivery)
         acks.all_queued(sent)
         if not acks.done.wait(self.timeout_s + 1.0):
             raise BrokerUnavailable(f"{sent - acks.delivered} of {sent} records not acknowledged in time")
