@@ -6,6 +6,7 @@ Two clients, same contract; `client=confluent` is the default because it is the 
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from bisect import bisect_left
@@ -14,7 +15,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, FETCH_WAIT_MS, DataLossError, KafkaRange
+from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, FETCH_WAIT_MS, DataLossError, KafkaRange, KafkaRanges
 
 log = logging.getLogger("herdfence.ingest")
 STALL_TIMEOUT_S = 120.0  # no progress for this long inside a range that should exist → error
@@ -57,39 +58,54 @@ def _log_end(c, r: KafkaRange) -> int:  # noqa: ANN001 - confluent Consumer
 def read_range(r: KafkaRange) -> Iterator[pa.RecordBatch]:
     if r.end <= r.start:
         return iter(())
-    return _read_confluent(r) if r.client == "confluent" else _read_kafka_python(r)
+    return _read_confluent((r,)) if r.client == "confluent" else _read_kafka_python(r)
 
 
-# The idle consumer of this Python worker (bootstrap servers, consumer). Spark reuses its Python workers,
-# so a range read by a worker that read one before skips the consumer's start (connect, metadata, first
-# fetch): part of every micro-batch's fixed cost. A read owns the consumer until it hands it back.
-_idle: tuple[str, object] | None = None
+def read_partition(p: KafkaRange | KafkaRanges) -> Iterator[pa.RecordBatch]:
+    """One planned input partition: a range, or several ranges of a small batch read together."""
+    if not isinstance(p, KafkaRanges):
+        return read_range(p)
+    todo = tuple(r for r in p.ranges if r.end > r.start)
+    if todo and all(r.client == "confluent" for r in todo):
+        return _read_confluent(todo, SMALL_FETCH_WAIT_MS)
+    return itertools.chain.from_iterable(read_range(r) for r in todo)
 
 
-def _consumer(bootstrap: str):  # noqa: ANN202 - confluent_kafka.Consumer
-    global _idle
+# The idle consumers of this Python worker, by (bootstrap servers, fetch wait). Spark reuses its Python
+# workers, so a range read by a worker that read one before skips the consumer's start (connect,
+# metadata, first fetch): part of every micro-batch's fixed cost. A read owns its consumer until it
+# hands it back.
+_idle: dict[tuple[str, int], object] = {}
+
+# A consumer that read to the log end has its next fetch in flight there, and Tansu holds that fetch
+# for the whole fetch wait: the consumer's next read, of any partition, waited for it (~110 ms per
+# reused reader at a trickle, measured). Several small ranges read together pay it once, and their
+# consumer waits briefly: a small batch's objects come back from the broker's disk in a few ms.
+SMALL_FETCH_WAIT_MS = 20
+
+
+def _consumer(bootstrap: str, wait_ms: int = FETCH_WAIT_MS):  # noqa: ANN202 - confluent_kafka.Consumer
     from confluent_kafka import Consumer
-    if _idle is not None and _idle[0] == bootstrap:
-        consumer, _idle = _idle[1], None
-        return consumer
+    idle = _idle.pop((bootstrap, wait_ms), None)
+    if idle is not None:
+        return idle
     return Consumer({
         "bootstrap.servers": bootstrap, "group.id": "herdfence-reader",
         "enable.auto.commit": False, "enable.partition.eof": True,
         # "error": an out-of-range start surfaces as an event instead of a silent reset.
-        "auto.offset.reset": "error", "fetch.wait.max.ms": FETCH_WAIT_MS,
+        "auto.offset.reset": "error", "fetch.wait.max.ms": wait_ms,
         "fetch.max.bytes": 104_857_600, "max.partition.fetch.bytes": 104_857_600,
         "receive.message.max.bytes": 209_715_200, "log_level": 3,
         "fetch.error.backoff.ms": 10, "fetch.queue.backoff.ms": 1,
     })
 
 
-def _hand_back(bootstrap: str, consumer) -> None:  # noqa: ANN001
-    """Keep it for the next read (one per worker: a job reads one cluster), closing any other."""
-    global _idle
+def _hand_back(bootstrap: str, wait_ms: int, consumer) -> None:  # noqa: ANN001
+    """Keep it for the next read (one per kind: a job reads one cluster), closing any other."""
     consumer.unassign()             # stops its prefetching; the next read assigns its own range
-    if _idle is not None:
-        _idle[1].close()
-    _idle = (bootstrap, consumer)
+    for key in [k for k in _idle if k[0] != bootstrap or k[1] == wait_ms]:
+        _idle.pop(key).close()
+    _idle[(bootstrap, wait_ms)] = consumer
 
 
 def _in_spark_task() -> bool:
@@ -119,8 +135,8 @@ def _take(data: list, r: KafkaRange, pos: int, into: tuple[list, list, list, lis
     return end
 
 
-def _on_error(c, r: KafkaRange, m, pos: int) -> int:  # noqa: ANN001 - confluent Consumer, Message
-    """A consume error inside the range: the next position, or raise."""
+def _on_error(c, r: KafkaRange, m, pos: int) -> tuple[int, bool]:  # noqa: ANN001 - confluent Consumer, Message
+    """A consume error inside the range: (the next position, whether to seek there), or raise."""
     from confluent_kafka import KafkaError, TopicPartition
     err = m.error()
     if err.code() == KafkaError._PARTITION_EOF:
@@ -128,55 +144,100 @@ def _on_error(c, r: KafkaRange, m, pos: int) -> int:  # noqa: ANN001 - confluent
         # latestOffset saw (truncated / re-created): nothing to wait for.
         if m.offset() < r.end:
             _gone_tail(r, m.offset())
-        return r.end
+        return r.end, False
     if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
         lo, _hi = c.get_watermark_offsets(TopicPartition(r.topic, r.partition), timeout=10)
         pos = _lost(r, pos, lo) if pos < lo else r.end  # past hi: nothing to read
-        c.assign([TopicPartition(r.topic, r.partition, pos)])
-        return pos
+        return pos, pos < r.end
     raise RuntimeError(f"kafka error reading {r}: {err}")
 
 
-def _read_confluent(r: KafkaRange) -> Iterator[pa.RecordBatch]:
+class _Pending:
+    """One range being read: its position and the records taken since the last yielded batch."""
+
+    def __init__(self, r: KafkaRange) -> None:
+        self.range, self.pos = r, r.start
+        self.rows: tuple[list, list, list, list] = ([], [], [], [])   # keys, values, offsets, timestamps
+
+    def flush(self, force: bool) -> pa.RecordBatch | None:
+        keys, values, offsets, tss = self.rows
+        if values and (force or len(values) >= BATCH_ROWS):
+            self.rows = ([], [], [], [])
+            return _batch(self.range, keys, values, offsets, tss)
+        return None
+
+
+def _read_confluent(ranges: tuple[KafkaRange, ...], wait_ms: int = FETCH_WAIT_MS) -> Iterator[pa.RecordBatch]:
+    """Ranges of distinct partitions of one topic, all assigned to one consumer and fetched together."""
     from confluent_kafka import TopicPartition
-    c = _consumer(r.bootstrap)
-    tp = TopicPartition(r.topic, r.partition, r.start)
+    bootstrap = ranges[0].bootstrap
+    c = _consumer(bootstrap, wait_ms)
+    open_ = {r.partition: _Pending(r) for r in ranges}
     reusable = False
+
+    def assign() -> None:
+        c.assign([TopicPartition(p.range.topic, p.range.partition, p.pos) for p in open_.values()])
     try:
-        c.assign([tp])
-        pos, last_progress = r.start, time.monotonic()
-        keys: list = []; values: list = []; offsets: list = []; tss: list = []  # noqa: E702
-        while pos < r.end:
+        assign()
+        last_progress = time.monotonic()
+        while open_:
             # Ask for exactly what is left: consume(n, timeout) otherwise waits the whole timeout
             # for n messages (measured: 1 s per call).
-            msgs = c.consume(min(r.end - pos, BATCH_ROWS), 0.5)
-            # whole-list comprehensions instead of a loop body per message: ~2 µs → ~0.4 µs a record
-            errors = [i for i, m in enumerate(msgs) if m.error() is not None]
-            start = 0
-            for stop in errors + [len(msgs)]:
-                pos = _take(msgs[start:stop], r, pos, (keys, values, offsets, tss))
-                if stop < len(msgs) and pos < r.end:
-                    pos = _on_error(c, r, msgs[stop], pos)
-                start = stop + 1
+            left = sum(p.range.end - p.pos for p in open_.values())
+            msgs = c.consume(min(left, BATCH_ROWS), 0.5)
+            # (a finished range stays assigned: its partition's messages are skipped here)
+            by_partition = _split(msgs) if len(ranges) > 1 else {ranges[0].partition: msgs}
+            reassign = False
+            for partition, data in by_partition.items():
+                p = open_.get(partition)
+                if p is None:
+                    continue
+                # whole-list comprehensions instead of a loop body per message: ~2 µs → ~0.4 µs a record
+                errors = [i for i, m in enumerate(data) if m.error() is not None]
+                start = 0
+                for stop in errors + [len(data)]:
+                    p.pos = _take(data[start:stop], p.range, p.pos, p.rows)
+                    if stop < len(data) and p.pos < p.range.end:
+                        p.pos, seek = _on_error(c, p.range, data[stop], p.pos)
+                        reassign |= seek
+                    start = stop + 1
             if msgs:
                 last_progress = time.monotonic()
-            elif 0 <= (hw := _log_end(c, r)) <= pos:
-                # Tansu answers a fetch past the log end with nothing (no EOF, no
-                # OFFSET_OUT_OF_RANGE): the tail latestOffset saw is gone.
-                _gone_tail(r, hw)
-                pos = r.end
-            elif time.monotonic() - last_progress > STALL_TIMEOUT_S:
-                raise DataLossError(f"no progress reading {r} at offset {pos} for {STALL_TIMEOUT_S}s")
-            if len(values) >= BATCH_ROWS or (pos >= r.end and values):
-                yield _batch(r, keys, values, offsets, tss)
-                keys, values, offsets, tss = [], [], [], []
+            else:
+                for p in open_.values():
+                    if 0 <= (hw := _log_end(c, p.range)) <= p.pos:
+                        # Tansu answers a fetch past the log end with nothing (no EOF, no
+                        # OFFSET_OUT_OF_RANGE): the tail latestOffset saw is gone.
+                        _gone_tail(p.range, hw)
+                        p.pos = p.range.end
+                if time.monotonic() - last_progress > STALL_TIMEOUT_S:
+                    stuck = [f"{p.range} at offset {p.pos}" for p in open_.values()]
+                    raise DataLossError(f"no progress reading {'; '.join(stuck)} for {STALL_TIMEOUT_S}s")
+            for partition in list(open_):
+                p = open_[partition]
+                done = p.pos >= p.range.end
+                batch = p.flush(force=done)
+                if batch is not None:
+                    yield batch
+                if done:        # stays assigned: a new assignment would wait for the fetch in flight
+                    del open_[partition]
+            if reassign and open_:
+                assign()
         # only a Spark task's worker keeps it (it will read the next range); anything else closes it
         reusable = _in_spark_task()
     finally:
         if reusable:
-            _hand_back(r.bootstrap, c)
+            _hand_back(bootstrap, wait_ms, c)
         else:                       # failed or abandoned mid-range: never hand on a consumer in doubt
             c.close()
+
+
+def _split(msgs: list) -> dict[int, list]:
+    """Messages by partition, each partition's in their order."""
+    out: dict[int, list] = {}
+    for m in msgs:
+        out.setdefault(m.partition(), []).append(m)
+    return out
 
 
 def _read_kafka_python(r: KafkaRange) -> Iterator[pa.RecordBatch]:

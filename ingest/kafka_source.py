@@ -26,7 +26,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructType
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from ingest.kafka_read import read_range
+from ingest.kafka_read import read_partition
 from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, FETCH_WAIT_MS, SCHEMA, DataLossError, KafkaRange  # noqa: F401
 
 log = logging.getLogger("herdfence.ingest")
@@ -290,7 +290,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         return split_ranges(ranges, o.min_partitions)
 
     def read(self, partition: KafkaRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        return read_range(partition)
+        return read_partition(partition)
 
     def commit(self, end: Offsets) -> None:
         pass  # offsets live in Spark's checkpoint; nothing to commit to Kafka

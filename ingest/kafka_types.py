@@ -44,3 +44,10 @@ class KafkaRange(InputPartition):
 # first: at 5-10 ms a restarted reader, and the probe, got no answer at all. A reader reads below the
 # log end, so its fetches find data at once and this wait is paid only by the probe at the log end.
 FETCH_WAIT_MS = 100
+
+
+@dataclass(frozen=True)
+class KafkaRanges(InputPartition):
+    """Several ranges read by one task, one after the other (a micro-batch too small to be worth a
+    task per Kafka partition: fencing.stream.single_task)."""
+    ranges: tuple[KafkaRange, ...]

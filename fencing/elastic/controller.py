@@ -553,9 +553,10 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
     return (batch.filter(pa.array(~drop)) if shed else batch), shed
 
 
-def elastic_process(ctx, batches):
+def elastic_process(ctx, batches, partition: int | None = None):
     """Wraps fencing.stream.process.process_partition: cache invalidation of moved groups, res-7 child load
-    of every group, and load shedding when the routing table asks for it; adds them to the stats row."""
+    of every group, and load shedding when the routing table asks for it; adds them to the stats row.
+    `partition`: as process_partition's."""
     from fencing.stream.process import OUT_KIND_STATS, process_partition
     from fencing.stream.fence_cache import process_cache
     from fencing.model.redis_conn import cluster
@@ -582,7 +583,7 @@ def elastic_process(ctx, batches):
         kept, shed = shed_reports(cluster(ctx.redis_host, ctx.redis_port), ctx.routing, reports, ctx.deleted,
                                   ctx.version)
         batches = pa.concat_tables([kept, side]).combine_chunks().to_batches()
-    for out in process_partition(ctx, iter(batches)):
+    for out in process_partition(ctx, iter(batches), partition):
         kinds = out.column(0).to_numpy(zero_copy_only=False)
         stats_rows = np.flatnonzero(kinds == OUT_KIND_STATS)
         if len(stats_rows):

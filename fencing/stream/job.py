@@ -38,6 +38,7 @@ from fencing.model.redis_conn import cluster
 from fencing.stream.pruning import DeletedFencePruner, HistoryCompactor
 from fencing.stream.retention import RETENTION_DAYS, EventRetention
 from fencing.stream.silent import SEEN_STEP_MS, SilentScanner
+from fencing.stream.single_task import batch_is_single_task, single_task_stage
 from fencing.stream.sinks import Sinks
 from fencing.stream.spark_session import build_session, is_local, start_scale_watcher
 from fencing.config import TUNING
@@ -46,6 +47,7 @@ log = logging.getLogger("herdfence.job")
 MAX_OFFSETS_PER_TRIGGER = TUNING.max_offsets_per_trigger
 TRIGGER = TUNING.trigger
 ELASTIC = TUNING.elastic
+SINGLE_TASK_RECORDS = TUNING.single_task_records
 STANDBY_WARM_EVERY_S = 45.0     # a standby's keep-warm period (Spark stops Python workers idle 60 s)
 
 
@@ -96,13 +98,19 @@ class BatchProcessor:
         proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id,
                               SEEN_STEP_MS, self.epoch)
         if self.elastic:   # the elastic wrapper: moved-group cache invalidation, child loads, shedding
-            from fencing.elastic.controller import elastic_process
-            stage = lambda it: elastic_process(proc, unpack(it))   # noqa: E731
+            from fencing.elastic.controller import elastic_process as process
         else:
-            stage = lambda it: process_partition(proc, unpack(it))   # noqa: E731
+            process = process_partition
         # df: the source's reports, already parsed and routed by the readers (fencing.stream.report_source)
         # collected as Arrow: no Row object per event (tens of thousands a batch under a backlog)
-        out = df.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).toArrow()
+        if batch_is_single_task(self.checkpoint, batch_id, SINGLE_TASK_RECORDS):
+            # one task read the whole batch: it processes each routed partition in turn, no shuffle
+            salts = routing.partition_salts(n)
+            stage = single_task_stage(salts, lambda part, p: process(proc, iter(part), p))
+            out = df.mapInArrow(lambda it: stage(unpack(it)), OUTPUT_DDL).toArrow()
+        else:
+            stage = lambda it: process(proc, unpack(it))   # noqa: E731
+            out = df.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).toArrow()
         spark_s = time.time() - started
         kinds = out.column("kind").to_numpy()
         # events stay Arrow (produced in chunks by the sinks): none becomes a Python object here
@@ -193,6 +201,7 @@ def _source(spark: SparkSession, settings: Settings, starting: str = "earliest",
             .option("subscribe", TOPIC_REPORTS)
             .option("startingOffsets", starting)
             .option("maxOffsetsPerTrigger", str(max_offsets))
+            .option("singleTaskMaxRecords", str(SINGLE_TASK_RECORDS))
             .load())
 
 

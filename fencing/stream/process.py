@@ -71,10 +71,13 @@ class CallCounter:
             self.cross += commands
 
 
-def process_partition(ctx: ProcessContext, batches):
+def process_partition(ctx: ProcessContext, batches, partition: int | None = None):
+    """`partition`: the routed partition these reports belong to (default: this task's; a single-task
+    batch, fencing.stream.single_task, runs every partition in one task)."""
     worker_gc.task_started()
     started = time.perf_counter()
-    partition = TaskContext.get().partitionId() if TaskContext.get() else 0
+    if partition is None:
+        partition = TaskContext.get().partitionId() if TaskContext.get() else 0
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
     table = pa.concat_tables(tables) if tables else None
     side: list[tuple[int, str]] = []

@@ -8,7 +8,8 @@ table only on the driver between two micro-batches, so the readers and the batch
 the same version. The route values (salts) come from `routing.partition_salts`, Spark's own hash
 partitioner in Python, so no Spark job is needed on the executors.
 
-Options: herdkafka's, plus `redis` = a cluster node "host:port".
+Options: herdkafka's, plus `redis` = a cluster node "host:port" and `singleTaskMaxRecords` (a batch of at
+most that many records is read by one task; fencing.stream.single_task).
 
 The reading stage (fencing.stream.prepare: geometry, pandas, H3) and the Redis client are imported where
 they run, not at the top: the driver's source runner, a fresh Python process started with the query
@@ -21,27 +22,39 @@ from typing import Iterator
 import pyarrow as pa
 
 from ingest.kafka_source import KafkaDataSource, KafkaRange, KafkaStreamReader, SourceOptions
+from ingest.kafka_types import KafkaRanges
 
 
 class RoutedReportsReader(KafkaStreamReader):
-    def __init__(self, opts: SourceOptions, redis_node: tuple[str, int]) -> None:
+    def __init__(self, opts: SourceOptions, redis_node: tuple[str, int], single_task_records: int = 0) -> None:
         super().__init__(opts)
         self.redis_node = redis_node
+        self.single_task_records = single_task_records
 
     def __getstate__(self) -> dict:
-        return {**super().__getstate__(), "redis_node": self.redis_node}
+        return {**super().__getstate__(), "redis_node": self.redis_node,
+                "single_task_records": self.single_task_records}
 
-    def read(self, partition: KafkaRange) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+    def partitions(self, start: dict, end: dict) -> list:
+        """A task per Kafka partition, or one task for all of them when the batch is small
+        (fencing.stream.single_task: the driver applies the same rule to the same offsets)."""
+        from fencing.stream.single_task import is_single_task
+        ranges = super().partitions(start, end)
+        if len(ranges) > 1 and is_single_task(start, end, self.single_task_records):
+            return [KafkaRanges(tuple(ranges))]
+        return ranges
+
+    def read(self, partition: KafkaRange | KafkaRanges) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         from fencing.elastic import routing
         from fencing.model.redis_conn import cluster
         from fencing.stream import worker_gc
         from fencing.stream.prepare import PrepareContext, prepare_partition
-        from ingest.kafka_read import read_range
+        from ingest.kafka_read import read_partition
         worker_gc.task_started()
         host, port = self.redis_node
         table = routing.load(cluster(host, port))
         context = PrepareContext(host, port, table, list(routing.partition_salts(table.partitions)))
-        return prepare_partition(context, read_range(partition))
+        return prepare_partition(context, read_partition(partition))
 
 
 class RoutedReportsSource(KafkaDataSource):
@@ -59,7 +72,8 @@ class RoutedReportsSource(KafkaDataSource):
         host, _, port = node.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError("herdreports needs the option redis=host:port (a Redis Cluster node)")
-        return RoutedReportsReader(SourceOptions.parse(options), (host, int(port)))
+        single = options.get("singleTaskMaxRecords", options.get("singletaskmaxrecords")) or "0"
+        return RoutedReportsReader(SourceOptions.parse(options), (host, int(port)), int(single))
 
 
 def register(spark) -> None:  # noqa: ANN001 - SparkSession

@@ -6,12 +6,15 @@ import socket
 import subprocess
 import time
 from collections import Counter
+from dataclasses import replace
 
 import orjson
 import pyarrow as pa
 import pytest
 
-from ingest.kafka_read import read_range
+from ingest import kafka_read
+from ingest.kafka_read import read_partition, read_range
+from ingest.kafka_types import KafkaRange, KafkaRanges
 from tests.conftest import OFFSET
 from ingest.kafka_source import (ARROW_SCHEMA, KafkaStreamReader, SourceOptions, fair_share,
                                  register, split_ranges)
@@ -212,6 +215,39 @@ def test_data_loss_detected(broker):
     assert lenient.latestOffset({"0": 50}, lenient.getDefaultReadLimit()) == {"0": 50}
     # a range starting past the end on the executor finishes instead of hanging
     assert list(read_range(KafkaRange(BOOT, topic, 0, 50, 60, False, "confluent"))) == []
+
+
+def test_small_ranges_read_together_give_each_range_exactly(broker, monkeypatch):
+    """A single-task batch's ranges (KafkaRanges) come back exactly as range-by-range reads, each batch
+    labelled with its own partition, also from a reused consumer whose finished partitions stay
+    assigned (their prefetched records are not another range's), and with an empty range among them."""
+    topic = "t-together"
+    make_topic(topic, 4)
+    fill(topic, 400)
+    monkeypatch.setattr(kafka_read, "_in_spark_task", lambda: True)     # reuse consumers as a task does
+    r = reader(topic, startingOffsets="earliest")
+    ends = r.latestOffset(r.initialOffset(), r.getDefaultReadLimit())
+    assert sum(ends.values()) == 400
+
+    def rows(batches) -> set[tuple[int, int, int]]:
+        out = set()
+        for b in batches:
+            parts, offs = b.column("partition").to_pylist(), b.column("offset").to_pylist()
+            vals = [orjson.loads(v)["i"] for v in b.column("value").to_pylist()]
+            assert len(set(parts)) == 1
+            out |= set(zip(parts, offs, vals))
+        return out
+    for lo, hi in [(0, 30), (30, 31), (31, 60), (60, None)]:
+        ranges = tuple(KafkaRange(BOOT, topic, int(p), min(lo, e), min(hi or e, e), False, "confluent")
+                       for p, e in sorted(ends.items()))
+        ranges = ranges[:1] + (replace(ranges[1], end=ranges[1].start),) + ranges[2:]   # one empty range
+        together = rows(read_partition(KafkaRanges(ranges)))
+        one_by_one = rows(b for rg in ranges for b in read_range(rg))
+        assert together == one_by_one
+        assert len(together) == sum(rg.end - rg.start for rg in ranges) > 0
+    for consumer in kafka_read._idle.values():
+        consumer.close()
+    kafka_read._idle.clear()
 
 
 # ----------------------------------------------------------------------------- Spark streaming
