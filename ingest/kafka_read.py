@@ -67,45 +67,44 @@ def read_partition(p: KafkaRange | KafkaRanges) -> Iterator[pa.RecordBatch]:
         return read_range(p)
     todo = tuple(r for r in p.ranges if r.end > r.start)
     if todo and all(r.client == "confluent" for r in todo):
-        return _read_confluent(todo, SMALL_FETCH_WAIT_MS)
+        return _read_confluent(todo)
     return itertools.chain.from_iterable(read_range(r) for r in todo)
 
 
-# The idle consumers of this Python worker, by (bootstrap servers, fetch wait). Spark reuses its Python
-# workers, so a range read by a worker that read one before skips the consumer's start (connect,
-# metadata, first fetch): part of every micro-batch's fixed cost. A read owns its consumer until it
-# hands it back.
-_idle: dict[tuple[str, int], object] = {}
+# The idle consumer of this Python worker (bootstrap servers, consumer). Spark reuses its Python workers,
+# so a range read by a worker that read one before skips the consumer's start (connect, metadata, first
+# fetch): part of every micro-batch's fixed cost. A read owns the consumer until it hands it back.
+_idle: tuple[str, object] | None = None
 
 # A consumer that read to the log end has its next fetch in flight there, and Tansu holds that fetch
-# for the whole fetch wait: the consumer's next read, of any partition, waited for it (~110 ms per
-# reused reader at a trickle, measured). Several small ranges read together pay it once, and their
-# consumer waits briefly: a small batch's objects come back from the broker's disk in a few ms.
-SMALL_FETCH_WAIT_MS = 20
-
-
-def _consumer(bootstrap: str, wait_ms: int = FETCH_WAIT_MS):  # noqa: ANN202 - confluent_kafka.Consumer
+# until new records arrive or the fetch wait is over: the consumer's next read, of any partition,
+# waits for it (~110 ms per reused reader when nothing new arrives, measured). Small ranges read
+# together pay it once. Their fetch wait stays FETCH_WAIT_MS: at 20 ms, Tansu on its disk engine
+# answered nothing at all to a 4-partition fetch under a 2,000 reports/s feed (a reader stalled 120 s).
+def _consumer(bootstrap: str):  # noqa: ANN202 - confluent_kafka.Consumer
+    global _idle
     from confluent_kafka import Consumer
-    idle = _idle.pop((bootstrap, wait_ms), None)
-    if idle is not None:
-        return idle
+    if _idle is not None and _idle[0] == bootstrap:
+        consumer, _idle = _idle[1], None
+        return consumer
     return Consumer({
         "bootstrap.servers": bootstrap, "group.id": "herdfence-reader",
         "enable.auto.commit": False, "enable.partition.eof": True,
         # "error": an out-of-range start surfaces as an event instead of a silent reset.
-        "auto.offset.reset": "error", "fetch.wait.max.ms": wait_ms,
+        "auto.offset.reset": "error", "fetch.wait.max.ms": FETCH_WAIT_MS,
         "fetch.max.bytes": 104_857_600, "max.partition.fetch.bytes": 104_857_600,
         "receive.message.max.bytes": 209_715_200, "log_level": 3,
         "fetch.error.backoff.ms": 10, "fetch.queue.backoff.ms": 1,
     })
 
 
-def _hand_back(bootstrap: str, wait_ms: int, consumer) -> None:  # noqa: ANN001
-    """Keep it for the next read (one per kind: a job reads one cluster), closing any other."""
+def _hand_back(bootstrap: str, consumer) -> None:  # noqa: ANN001
+    """Keep it for the next read (one per worker: a job reads one cluster), closing any other."""
+    global _idle
     consumer.unassign()             # stops its prefetching; the next read assigns its own range
-    for key in [k for k in _idle if k[0] != bootstrap or k[1] == wait_ms]:
-        _idle.pop(key).close()
-    _idle[(bootstrap, wait_ms)] = consumer
+    if _idle is not None:
+        _idle[1].close()
+    _idle = (bootstrap, consumer)
 
 
 def _in_spark_task() -> bool:
@@ -167,11 +166,11 @@ class _Pending:
         return None
 
 
-def _read_confluent(ranges: tuple[KafkaRange, ...], wait_ms: int = FETCH_WAIT_MS) -> Iterator[pa.RecordBatch]:
+def _read_confluent(ranges: tuple[KafkaRange, ...]) -> Iterator[pa.RecordBatch]:
     """Ranges of distinct partitions of one topic, all assigned to one consumer and fetched together."""
     from confluent_kafka import TopicPartition
     bootstrap = ranges[0].bootstrap
-    c = _consumer(bootstrap, wait_ms)
+    c = _consumer(bootstrap)
     open_ = {r.partition: _Pending(r) for r in ranges}
     reusable = False
 
@@ -227,7 +226,7 @@ def _read_confluent(ranges: tuple[KafkaRange, ...], wait_ms: int = FETCH_WAIT_MS
         reusable = _in_spark_task()
     finally:
         if reusable:
-            _hand_back(bootstrap, wait_ms, c)
+            _hand_back(bootstrap, c)
         else:                       # failed or abandoned mid-range: never hand on a consumer in doubt
             c.close()
 

@@ -233,6 +233,10 @@ def failover(rate: float, devices: int, fences: int, json_path: str | None, stea
             if rec["lost"] == 0:
                 break
             time.sleep(2)
+        t0 = sampler.samples[0][0] if sampler.samples else 0.0
+        # the freshness lag as sampled (s since the first sample, lag ms) and the faults: what the plot shows
+        out["lag_series"] = [[round(t - t0, 2), round(lag * 1000)] for t, lag in sampler.samples]
+        out["faults_s"] = {mode: round(at - t0, 2) for at, mode in marks}
         out.update({"events": rec["events"], "lost": rec["lost"], "duplicated": rec["duplicated"],
                     "unexpected": rec.get("unexpected", 0), "stack": stack.describe(), "machine": machine(),
                     "command": command, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
