@@ -5,7 +5,11 @@ records/ folder on every fetch, so a fetch costs O(objects in the partition): an
 batches at 2,000 reports/s added ~1,000 objects per partition in a few minutes and pushed a fetch past
 100 ms; left alone it grows without bound. `gps.reports` is a transport buffer (the reports' system of
 record is the job's history), so once the job has committed a batch the objects wholly below its end
-offsets are only kept for `keep_s` more seconds (a window for replays and backups), then deleted.
+offsets are only kept for `keep_s` more seconds, then deleted. The window bounds what every fetch
+lists: at 2,000 reports/s a 600 s window grew a partition's listing to ~10,000 objects, the store
+served 1.6 GB of listings a minute, and the job's reads and log-end listings slowed minute after minute
+(session 11). A replay never needs a deleted object (Spark replays only uncommitted batches), and a
+backup holds retention while it copies (`hold`): it copies the checkpoint first and the broker last.
 
 Deleting the oldest objects is what Tansu expects of retention: its low watermark follows the first
 listed object, and a fetch below it starts at the first one that remains (checked on Tansu 0.6).
@@ -72,15 +76,33 @@ def sweep(store, bucket: str, ends: dict[int, int], keep_s: float, now: float | 
     return Swept(deleted, kept)
 
 
+HOLD_FILE = "broker_retention.hold"      # in HERDFENCE_HOME/run while a backup copies
+HOLD_MAX_S = 3600.0                     # a hold left by a killed backup lapses after this long
+
+
+def hold_path(checkpoint: Path) -> Path:
+    """The hold file beside the job's checkpoint (HERDFENCE_HOME/run), never inside the broker's data."""
+    return Path(checkpoint).parent / "run" / HOLD_FILE
+
+
+def held(checkpoint: Path, now: float | None = None) -> bool:
+    try:
+        return (time.time() if now is None else now) - hold_path(checkpoint).stat().st_mtime < HOLD_MAX_S
+    except OSError:
+        return False
+
+
 class Retention:
     """Runs `sweep` every `every_s` on the object store's own event loop (so it is atomic with the
-    requests it serves) against the job's checkpoint."""
+    requests it serves) against the job's checkpoint, unless a backup holds it."""
 
-    def __init__(self, store, checkpoint: Path, keep_s: float, bucket: str = "tansu", every_s: float = 30.0):
+    def __init__(self, store, checkpoint: Path, keep_s: float, bucket: str = "tansu", every_s: float = 10.0):
         self.store, self.checkpoint, self.keep_s = store, Path(checkpoint), keep_s
         self.bucket, self.every_s = bucket, every_s
 
     def run_once(self) -> Swept | None:
+        if held(self.checkpoint):
+            return None
         ends = committed_ends(self.checkpoint)
         if ends is None:
             return None

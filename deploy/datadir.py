@@ -15,6 +15,7 @@ versioned state make the replay add nothing twice.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import redis
 
-from deploy import broker, procs, redis_cluster
+from deploy import broker, broker_retention, procs, redis_cluster
 from fencing.config import DeployError, Settings
 from fencing.model import history_compact
 
@@ -133,6 +134,17 @@ def backup(settings: Settings, dest: Path) -> dict:
         raise DeployError("backup copies the embedded stack; back up an external Kafka or Redis with "
                           "its own tools")
     dest.mkdir(parents=True, exist_ok=True)
+    # the checkpoint is copied first and the broker's log last: no consumed object may go in between
+    hold = broker_retention.hold_path(settings.checkpoint_dir)
+    hold.parent.mkdir(parents=True, exist_ok=True)
+    hold.write_text(f"{os.getpid()}\n")
+    try:
+        return _backup(settings, dest)
+    finally:
+        hold.unlink(missing_ok=True)
+
+
+def _backup(settings: Settings, dest: Path) -> dict:
     t0 = time.monotonic()
     sizes: dict[str, int] = {}
     home = settings.home

@@ -76,7 +76,7 @@ class Tuning:
     rate_farm: float = 50_000.0                  # HERDFENCE_RATE_FARM
     api_workers: int = 2                         # HERDFENCE_API_WORKERS
     objectstore_fsync: bool = False              # HERDFENCE_OBJECTSTORE_FSYNC
-    broker_keep_s: float = 600.0                 # HERDFENCE_BROKER_KEEP_SECONDS: consumed gps.reports kept this long
+    broker_keep_s: float = 30.0                  # HERDFENCE_BROKER_KEEP_SECONDS: consumed gps.reports kept this long
     owner_pid: int = 0                           # HERDFENCE_OWNER_PID: the stack stops when this process is gone
     job_standby: bool = True                     # HERDFENCE_JOB_STANDBY: a hot standby job beside the active one
     lease_ms: int = 1000                         # HERDFENCE_JOB_LEASE_MS: the active job's lease

@@ -174,3 +174,35 @@ def test_retention_deletes_only_consumed_objects_older_than_the_window(tmp_path)
     assert p1[0] not in left and {p1[1], p1[2]} <= left
     assert set(events) <= left, "only gps.reports, whose consumer is the job, is swept"
     assert swept.deleted == 3
+
+
+def test_a_backup_holds_retention_and_a_forgotten_hold_lapses(tmp_path):
+    """While `herdfence backup` copies (checkpoint first, broker log last) no consumed object may go;
+    a hold left behind by a killed backup stops holding after an hour."""
+    from deploy.broker_retention import HOLD_MAX_S, Retention, hold_path
+    from deploy.objectstore import DiskStore
+    store = DiskStore(tmp_path / "objects")
+    old = time.time() - 3600
+    keys = []
+    for base in (0, 100, 200):
+        key = f"clusters/c/topics/gps.reports/partitions/{0:010d}/records/{base:020d}.batch"
+        store.put("tansu", key, b"x", None, None)
+        os.utime(tmp_path / "objects" / "tansu" / key, (old, old))
+        store._indexed("tansu", key, store.meta("tansu", key))
+        keys.append(key)
+    checkpoint = tmp_path / "home" / "checkpoint"
+    for sub in ("offsets", "commits"):
+        (checkpoint / sub).mkdir(parents=True)
+    (checkpoint / "offsets" / "0").write_text('v1\n{}\n{"0": 300}')
+    (checkpoint / "commits" / "0").write_text("v1\n{}")
+    hold = hold_path(checkpoint)
+    assert hold.parent == tmp_path / "home" / "run"
+    hold.parent.mkdir(parents=True)
+    hold.write_text("1\n")
+    retention = Retention(store, checkpoint, keep_s=0)
+    assert retention.run_once() is None
+    assert len(store.list("tansu", "clusters/")) == 3
+    stale = time.time() - HOLD_MAX_S - 1
+    os.utime(hold, (stale, stale))
+    assert retention.run_once().deleted == 2          # the newest object of a partition always stays
+    assert [m.key for m in store.list("tansu", "clusters/")] == [keys[2]]
