@@ -17,12 +17,13 @@ Nothing the job has not committed is ever deleted, nor the newest object of a pa
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from fencing.model import offset_log
 
 log = logging.getLogger("herdfence.broker")
 
@@ -31,19 +32,10 @@ _RECORDS = re.compile(r"^clusters/[^/]+/topics/" + re.escape(TOPIC) + r"/partiti
 
 
 def committed_ends(checkpoint: Path) -> dict[int, int] | None:
-    """The end offset per partition of the newest batch the job committed (Spark's offsets/N of the
-    highest N with a commits/N), or None when there is none (no checkpoint yet, or unreadable)."""
-    try:
-        done = sorted((int(p.name) for p in (checkpoint / "commits").iterdir() if p.name.isdigit()), reverse=True)
-        for batch in done:
-            path = checkpoint / "offsets" / str(batch)
-            if path.exists():
-                # offsets/N: "v1", the batch metadata, then one line per source (ours is the only one)
-                lines = path.read_text().splitlines()
-                return {int(p): int(o) for p, o in json.loads(lines[2]).items()}
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-    return None
+    """The end offset per partition of the newest batch the job committed, or None when there is none
+    (no checkpoint yet, or unreadable)."""
+    ends = offset_log.committed_ends(checkpoint)
+    return None if ends is None else {int(p): o for p, o in ends.items()}
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,12 @@ correct for either plan: the shuffle regroups one task's rows as well as four.
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-Offsets = dict[str, int]
+from fencing.model.offset_log import Offsets, logged_offsets
 
 
 def planned_records(start: Offsets, end: Offsets) -> int:
@@ -35,20 +33,11 @@ def is_single_task(start: Offsets, end: Offsets, limit: int) -> bool:
     return limit > 0 and planned_records(start, end) <= limit
 
 
-def _logged_offsets(checkpoint: str, batch_id: int) -> Offsets | None:
-    """The source's offsets that the offset log holds for `batch_id` (one source: the third line)."""
-    try:
-        lines = (Path(checkpoint) / "offsets" / str(batch_id)).read_text().splitlines()
-        return {str(k): int(v) for k, v in json.loads(lines[2]).items()}
-    except (OSError, IndexError, ValueError, AttributeError, TypeError):
-        return None
-
-
 def batch_is_single_task(checkpoint: str, batch_id: int, limit: int) -> bool:
     """What the source planned for `batch_id`: its start is the previous batch's end."""
     if limit <= 0 or batch_id <= 0:
         return False
-    end, start = _logged_offsets(checkpoint, batch_id), _logged_offsets(checkpoint, batch_id - 1)
+    end, start = logged_offsets(checkpoint, batch_id), logged_offsets(checkpoint, batch_id - 1)
     return end is not None and start is not None and is_single_task(start, end, limit)
 
 
