@@ -5,10 +5,10 @@ sampler reads the newest processed report time of a sample of devices every 100 
 now − that time. After a steady phase, the active job's whole process group is killed (kill -9);
 once a warm standby is back, the new active job is frozen (SIGSTOP) past its lease and resumed
 (SIGCONT). For each: the outage (from the fault until the lag is back to the steady level and stays
-there for 2 s), the worst lag, when the first heartbeat of the new holder came, and for the frozen
-job whether it wrote anything after the take-over. At the end, every event is reconciled with the
-oracle (loadgen.reference, which also models the crossings inferred between fixes): lost and
-duplicated must be 0."""
+there for 2 s), when it was first back there (fresh_ms), the worst lag, when the first heartbeat of
+the new holder came, and for the frozen job whether it wrote anything after the take-over. At the
+end, every event is reconciled with the oracle (loadgen.reference, which also models the crossings
+inferred between fixes): lost and duplicated must be 0."""
 from __future__ import annotations
 
 import os
@@ -115,8 +115,21 @@ def _wait(what: str, predicate, timeout: float, every: float = 0.1):
     raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def _fresh_again(after: list[tuple[float, float]], fault_at: float, threshold_s: float) -> int | None:
+    """ms from the fault to the first sample back under `threshold_s` once the lag had gone above it:
+    when a report sent then is processed as fast as before the fault (the lag may still rise above
+    the steady level later, e.g. while the replaced process restarts beside the new active job)."""
+    above = False
+    for t, lag in after:
+        above |= lag > threshold_s
+        if above and lag <= threshold_s:
+            return round((t - fault_at) * 1000)
+    return None
+
+
 def _recovery(sampler: LagSampler, fault_at: float, threshold_s: float, timeout: float = 120.0) -> dict:
-    """When the lag came back under `threshold_s` (and stayed SETTLE_S) after the fault."""
+    """When the lag came back under `threshold_s` (fresh_ms), and when it stayed there SETTLE_S
+    (outage_ms), after the fault."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         time.sleep(0.2)
@@ -125,10 +138,12 @@ def _recovery(sampler: LagSampler, fault_at: float, threshold_s: float, timeout:
             if lag <= threshold_s and after[-1][0] - t >= SETTLE_S and \
                     all(x <= threshold_s for _, x in after[i:]):
                 worst = max(x for _, x in after[:i + 1])
-                return {"outage_ms": round((t - fault_at) * 1000), "worst_lag_ms": round(worst * 1000)}
+                return {"outage_ms": round((t - fault_at) * 1000), "worst_lag_ms": round(worst * 1000),
+                        "fresh_ms": _fresh_again(after, fault_at, threshold_s)}
     say(f"the lag did not come back under {threshold_s:.2f} s within {timeout:.0f} s")
-    after = [lag for t, lag in sampler.samples if t >= fault_at]
-    return {"outage_ms": None, "worst_lag_ms": round(max(after, default=0.0) * 1000)}
+    after = [(t, lag) for t, lag in sampler.samples if t >= fault_at]
+    return {"outage_ms": None, "worst_lag_ms": round(max((lag for _, lag in after), default=0.0) * 1000),
+            "fresh_ms": _fresh_again(after, fault_at, threshold_s)}
 
 
 def _takeover(redis, fault_at: float, old_epoch: int) -> dict:

@@ -316,3 +316,12 @@ def test_kafka_writer_against_private_broker(sim):
     finally:
         proc.kill()                 # memory engine: nothing to flush, and SIGTERM takes Tansu ~5 s
         proc.wait(10)
+
+
+def test_failover_fresh_again_is_the_first_return_under_the_steady_level():
+    from loadgen.bench_failover import _fresh_again
+    fault = 100.0
+    lags = [(100.0, 0.3), (100.5, 0.9), (101.0, 1.8), (101.9, 0.4), (102.4, 0.8), (103.0, 0.3)]
+    assert _fresh_again(lags, fault, 0.6) == 1900          # back under at 101.9, though it rose again
+    assert _fresh_again(lags[:3], fault, 0.6) is None     # never back
+    assert _fresh_again([(100.2, 0.2), (100.4, 0.3)], fault, 0.6) is None   # never above: no outage to end
