@@ -90,16 +90,24 @@ def failover_plot(path: str | Path, samples: list[tuple[float, float]], marks: l
     lag = np.array([s[1] for s in samples])
     fig, ax = plt.subplots(figsize=(10, 4))
     ax.plot(t, lag, lw=1, label="freshness lag (now − newest processed report)")
-    for at, mode in marks:
-        outage = result.get(mode, {}).get("outage_ms")
+    steady = (result.get("steady_lag_ms") or {}).get("max")
+    if steady:
+        ax.axhline(steady / 1000, color="grey", ls=":", lw=1, label=f"steady maximum ({steady} ms)")
+    top = max(float(lag.max()), 1.0) * 1.25
+    ax.set_ylim(0, top)
+    for i, (at, mode) in enumerate(marks):
+        r = result.get(mode, {})
+        parts = [f"fresh {r['fresh_ms'] / 1000:.1f} s" if r.get("fresh_ms") is not None else "",
+                 f"settled {r['outage_ms'] / 1000:.1f} s" if r.get("outage_ms") is not None else "not settled",
+                 f"worst {r['worst_lag_ms'] / 1000:.1f} s" if r.get("worst_lag_ms") is not None else ""]
         ax.axvline(at - t0, color="red", ls="--", lw=1)
-        ax.text(at - t0, ax.get_ylim()[1] * 0.9, f" {'kill -9' if mode == 'kill' else 'SIGSTOP'}"
-                f"{f': back in {outage / 1000:.1f} s' if outage is not None else ''}", color="red")
+        ax.text(at - t0, top * (0.93 - 0.09 * i), f" {'kill -9' if mode == 'kill' else 'SIGSTOP'}: "
+                + ", ".join(p for p in parts if p), color="red", fontsize=9)
     ax.set_xlabel("seconds")
     ax.set_ylabel("lag (s)")
     ax.set_title(f"herdfence failover: {result['rate']:.0f} reports/s, {result['devices']:,} devices, "
                  f"lease {result['lease_ms']} ms — lost {result.get('lost')}, duplicated {result.get('duplicated')}")
-    ax.legend(loc="upper left")
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

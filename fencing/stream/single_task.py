@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Callable, Iterable, Iterator
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from fencing.model.offset_log import Offsets, logged_offsets
 
@@ -51,9 +50,9 @@ def by_partition(batches: Iterable[pa.RecordBatch], salts: tuple[int, ...]) -> l
         if len(routes) == 1:
             parts[partition_of[routes[0]]].append(batch)
             continue
-        column = batch.column("route")
+        column = batch.column("route").to_numpy(zero_copy_only=False)
         for route in routes:
-            parts[partition_of[route]].append(batch.filter(pc.equal(column, route)))
+            parts[partition_of[route]].append(batch.filter(pa.array(column == route)))
     return parts
 
 
