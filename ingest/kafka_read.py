@@ -66,7 +66,9 @@ def read_partition(p: KafkaRange | KafkaRanges) -> Iterator[pa.RecordBatch]:
     if not isinstance(p, KafkaRanges):
         return read_range(p)
     todo = tuple(r for r in p.ranges if r.end > r.start)
-    if todo and all(r.client == "confluent" for r in todo):
+    # one consumer assignment holds one position per partition: pieces of one partition (minPartitions)
+    # are read one after the other
+    if todo and all(r.client == "confluent" for r in todo) and len({r.partition for r in todo}) == len(todo):
         return _read_confluent(todo)
     return itertools.chain.from_iterable(read_range(r) for r in todo)
 

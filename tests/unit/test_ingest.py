@@ -245,6 +245,10 @@ def test_small_ranges_read_together_give_each_range_exactly(broker, monkeypatch)
         one_by_one = rows(b for rg in ranges for b in read_range(rg))
         assert together == one_by_one
         assert len(together) == sum(rg.end - rg.start for rg in ranges) > 0
+    # pieces of one partition (as minPartitions cuts them) in one task: each piece, exactly
+    pieces = split_ranges([KafkaRange(BOOT, topic, 0, 0, ends["0"], False, "confluent")], 3)
+    assert len(pieces) == 3
+    assert len(rows(read_partition(KafkaRanges(tuple(pieces))))) == ends["0"]
     if kafka_read._idle is not None:
         kafka_read._idle[1].close()
         kafka_read._idle = None
