@@ -15,9 +15,9 @@ def expected_events(reports_df, fences, device_farm, workers: int | None = None)
     arrival order; `fences`: loadgen.herd.Fence; `device_farm`: device → farm), as a DataFrame
     [device_id, fence_id, type, ts, inferred, late]. A device sees only its farm's fences, so the run
     is judged one farm at a time (issue 23): membership with vectorized `covers` over the farm's rows
-    (the same answer the per-report call gives), then its reports fed one by one, as one batch (a
-    device's late fixes arrive in time order, so when they are replayed does not change what they
-    reveal). Only one farm's devices and membership are held at a time: the oracle's memory does not
+    (the same answer the per-report call gives), then its reports fed one by one, as one batch (late
+    fixes are replayed where they arrived, before the device's next report that is not late, so the
+    job's batches need not be known). Only one farm's devices and membership are held at a time: the oracle's memory does not
     grow with the number of devices or points of the run. `workers`: processes (forked) sharing the
     farms; None = one per core for runs of PARALLEL_ROWS reports or more (the benchmarks run it once
     their stack is down), else this process alone."""
@@ -80,11 +80,7 @@ def _farms_events(groups: list) -> list[tuple]:
         for i, row_inside in enumerate(inside.tolist()):
             report = RefReport(f"{farm}/{dev[i]}", ts[i], lat[i], lon[i],
                                None if accuracy[i] != accuracy[i] else accuracy[i])
-            known = ref.devices.get(report.device)
-            if known is not None and known.last is not None and report.ts < known.last.ts:
-                late.setdefault(report.device, []).append(report)
-            else:
-                ref.feed(report, dict(zip(uids, row_inside)))
+            ref.feed_arriving(report, late, dict(zip(uids, row_inside)))
         for device, fixes in late.items():
             ref._replay(device, fixes)
         out += [(e.device_id, e.fence_id, e.type, e.ts, e.inferred, e.late) for e in ref.events]

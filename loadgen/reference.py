@@ -25,7 +25,8 @@ calls on single geometries. The rules (README "Event semantics"):
   when its membership differs from the confirmed one at its time; disagreement debounced by the
   fence's rule confirms a departure, agreement debounced again confirms the return; with the same
   confirmed membership at both, EXIT+ENTER (ENTER+EXIT when it was outside) at the two fixes, late,
-  each excursion once.
+  each excursion once. Late fixes are replayed where they arrived: before the device's next report
+  that is not late (or at the end of the batch), so where the batches fall does not matter.
 """
 from __future__ import annotations
 
@@ -222,16 +223,26 @@ class Reference:
             self._by_farm.setdefault(f.uid.partition("/")[0], []).append(f)
 
     def feed_batch(self, reports: list[RefReport]) -> None:
-        """Reports arriving together: each in turn, then the late ones of each device replayed."""
+        """Reports arriving together: each in turn; a device's late ones are replayed together before
+        its next report that is not late, or at the end of the batch."""
         late: dict[str, list[RefReport]] = {}
         for report in reports:
-            dev = self.devices.get(report.device)
-            if dev is not None and dev.last is not None and report.ts < dev.last.ts:
-                late.setdefault(report.device, []).append(report)
-            else:
-                self.feed(report)
+            self.feed_arriving(report, late)
         for device, fixes in late.items():
             self._replay(device, fixes)
+
+    def feed_arriving(self, report: RefReport, late: dict[str, list[RefReport]],
+                      inside: dict[str, bool] | None = None) -> None:
+        """One report of a batch: a late one waits in `late` (device → fixes) for its device's next
+        report that is not late, which first replays them; `inside` as for `feed`."""
+        dev = self.devices.get(report.device)
+        if dev is not None and dev.last is not None and report.ts < dev.last.ts:
+            late.setdefault(report.device, []).append(report)
+            return
+        waiting = late.pop(report.device, None)
+        if waiting:
+            self._replay(report.device, waiting)
+        self.feed(report, inside)
 
     def _mine(self, device: str) -> list[RefFence]:
         return self.fences_of_farm(device.partition("/")[0])

@@ -80,27 +80,57 @@ def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray
     for d, (lo, hi) in enumerate(zip(bounds.tolist(), ends.tolist())):
         state = states[d]
         device_id = dkeys[d].partition("/")[2]
-        device_segments = device_near = None
-        if extra_devices and d in extra_devices:
-            device_segments = {r - lo: segments[r] for r in range(lo, hi) if r in segments}
-            device_near = [near.get(r, frozenset()) for r in range(lo, hi)] if near else None
-        done = advance(state, device_id, ts[lo:hi], lat[lo:hi], lon[lo:hi], matched[lo:hi], cache.rules, deleted,
-                       uniform=uniform[d], last_accepted=last_taken[d], near=device_near, segments=device_segments)
-        if done.last >= 0:
-            latest_row[d] = lo + done.last
-            if battery[lo + done.last] == battery[lo + done.last]:      # not NaN: keep the last known one
-                state.battery = float(battery[lo + done.last])
-            given = accuracy[lo + done.last]
+        if late_devices and d in late_devices:
+            # buffered fixes are replayed where they arrived: before the device's next counted report
+            # (a stay that report ends, or one it makes the device forget, is not yet in the state)
+            rows = late_rows[np.searchsorted(late_rows, lo):np.searchsorted(late_rows, hi)]
+            pieces = late_pieces(rows, np.flatnonzero(taken.rows[lo:hi]) + lo, lo, hi)
+        else:
+            pieces = [(lo, hi, None)]
+        for a, b, replayed in pieces:
+            whole = (a, b) == (lo, hi)
+            device_segments = device_near = None
+            if extra_devices and d in extra_devices:
+                device_segments = {r - a: segments[r] for r in range(a, b) if r in segments}
+                device_near = [near.get(r, frozenset()) for r in range(a, b)] if near else None
+            done = advance(state, device_id, ts[a:b], lat[a:b], lon[a:b], matched[a:b], cache.rules, deleted,
+                           uniform=uniform[d] if whole else None, last_accepted=last_taken[d] if whole else None,
+                           near=device_near, segments=device_segments)
+            if done.last >= 0:
+                latest_row[d] = a + done.last
+            if done.events:
+                events += done.events
+            if done.dropped:
+                dropped += [(uid, dkeys[d], t) for uid, t in done.dropped]
+            if replayed is not None:
+                events += late.replay(state, device_id, [(ts[r], lat[r], lon[r], matched[r]) for r in replayed],
+                                      cache.rules, deleted)
+        row = int(latest_row[d])
+        if row >= 0:
+            if battery[row] == battery[row]:      # not NaN: keep the last known one
+                state.battery = float(battery[row])
+            given = accuracy[row]
             state.accuracy = None if given != given else float(given)
-        if done.events:
-            events += done.events
-        if done.dropped:
-            dropped += [(uid, dkeys[d], t) for uid, t in done.dropped]
-        if late_devices and d in late_devices:      # buffered fixes: replayed against the state they arrived after
-            rows = late_rows[np.searchsorted(late_rows, lo):np.searchsorted(late_rows, hi)].tolist()   # sorted rows
-            events += late.replay(state, device_id, [(ts[r], lat[r], lon[r], matched[r]) for r in rows],
-                                  cache.rules, deleted)
     return Outcome(events, dropped, latest_row, ts, lat, lon)
+
+
+def late_pieces(late_rows: np.ndarray, counted_rows: np.ndarray, lo: int, hi: int
+                ) -> list[tuple[int, int, list[int] | None]]:
+    """One device's rows lo:hi cut where its late fixes are replayed: (start, stop, late rows replayed
+    after advancing start:stop, or None). Each late fix is replayed before the first counted report
+    after it, or at the end: its outcome then does not depend on where the batches fall."""
+    nxt = np.searchsorted(counted_rows, late_rows)
+    after = np.r_[counted_rows, hi]                  # no counted report after: at the end
+    at = after[nxt]
+    pieces: list[tuple[int, int, list[int] | None]] = []
+    start = lo
+    cuts, first = np.unique(at, return_index=True)
+    for cut, group in zip(cuts.tolist(), np.split(late_rows, first[1:])):
+        pieces.append((start, cut, group.tolist()))
+        start = cut
+    if start < hi:
+        pieces.append((start, hi, None))
+    return pieces
 
 
 def matched_sets(n: int, point_idx: np.ndarray, codes: np.ndarray, names: np.ndarray

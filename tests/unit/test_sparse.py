@@ -151,3 +151,22 @@ def test_one_stray_late_fix_or_a_late_fix_before_the_first_is_no_excursion():
     got, want, _ = run_both({"farm-a/p": (paddock, {})}, [live, late])
     assert got == want
     assert [e[2] for e in got] == ["enter"]
+
+
+def test_a_late_upload_is_judged_where_it_arrived_whatever_follows_in_its_batch():
+    """The night's fixes arrive after the morning fix; many stays end after them in the same batch (the
+    device forgets the oldest). Judged before the next live fix, the night shows its excursion, in one
+    batch as in one batch a report."""
+    paddock = box_m(0, 0, 300, 300)
+    t = [T0 + i * 15 * MIN for i in range(80)]
+    evening = [at("cow", t[i], 150, 150) for i in range(3)]
+    night = [at("cow", t[3 + i], x, 150) for i, x in enumerate([150, 400, 420, 410, 150, 160])]
+    morning = [at("cow", t[10], 155, 150)]
+    # then in and out of the paddock twelve times: more ended stays than a device keeps
+    day = [at("cow", t[11 + i], 150 if (i // 2) % 2 else 400, 150) for i in range(48)]
+    arrival = evening + morning + night + day
+    whole, want, _ = run_both({"farm-a/p": (paddock, {})}, [arrival])
+    one_by_one, _, _ = run_both({"farm-a/p": (paddock, {})}, [[r] for r in arrival])
+    assert whole == want == one_by_one
+    late = [(e[2], e[3]) for e in whole if e[5]]
+    assert late == [("exit", t[5]), ("enter", t[8])]
