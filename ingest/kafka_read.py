@@ -48,11 +48,10 @@ def _gone_tail(r: KafkaRange, log_end: int) -> None:
     log.warning("data loss, skipping: %s", msg)
 
 
-def _log_end(c, r: KafkaRange) -> int:  # noqa: ANN001 - confluent Consumer
+def _cached_end(c, r: KafkaRange) -> int:  # noqa: ANN001 - confluent Consumer
+    """The log end the consumer's last fetch response for the partition carried (-1: none yet)."""
     from confluent_kafka import TopicPartition
-    tp = TopicPartition(r.topic, r.partition)
-    hw = c.get_watermark_offsets(tp, cached=True)[1]
-    return hw if hw >= 0 else c.get_watermark_offsets(tp, timeout=5, cached=False)[1]
+    return c.get_watermark_offsets(TopicPartition(r.topic, r.partition), cached=True)[1]
 
 
 def read_range(r: KafkaRange) -> Iterator[pa.RecordBatch]:
@@ -158,6 +157,7 @@ class _Pending:
 
     def __init__(self, r: KafkaRange) -> None:
         self.range, self.pos = r, r.start
+        self.end_at_assign = -1         # the consumer's cached log end when the range was assigned
         self.rows: tuple[list, list, list, list] = ([], [], [], [])   # keys, values, offsets, timestamps
 
     def flush(self, force: bool) -> pa.RecordBatch | None:
@@ -178,6 +178,8 @@ def _read_confluent(ranges: tuple[KafkaRange, ...]) -> Iterator[pa.RecordBatch]:
 
     def assign() -> None:
         c.assign([TopicPartition(p.range.topic, p.range.partition, p.pos) for p in open_.values()])
+        for p in open_.values():
+            p.end_at_assign = _cached_end(c, p.range)
     try:
         assign()
         last_progress = time.monotonic()
@@ -206,9 +208,13 @@ def _read_confluent(ranges: tuple[KafkaRange, ...]) -> Iterator[pa.RecordBatch]:
                 last_progress = time.monotonic()
             else:
                 for p in open_.values():
-                    if 0 <= (hw := _log_end(c, p.range)) <= p.pos:
+                    if 0 <= (hw := _cached_end(c, p.range)) <= p.pos and hw != p.end_at_assign:
                         # Tansu answers a fetch past the log end with nothing (no EOF, no
-                        # OFFSET_OUT_OF_RANGE): the tail latestOffset saw is gone.
+                        # OFFSET_OUT_OF_RANGE): the tail latestOffset saw is gone. Only a log end a
+                        # fetch of this assignment brought tells: a reused consumer's cached one can be
+                        # from a read long before (a stalled broker answering nothing then looked like
+                        # a lost tail, and failed the batch); a broker that never answers hits the
+                        # stall timeout instead
                         _gone_tail(p.range, hw)
                         p.pos = p.range.end
                 if time.monotonic() - last_progress > STALL_TIMEOUT_S:

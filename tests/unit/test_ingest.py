@@ -24,6 +24,7 @@ from ingest.validate import PING_KEY, parse_kafka_values, validate_report_dicts
 PORT = 29192 + OFFSET
 BOOT = f"127.0.0.1:{PORT}"
 NOW = 1_750_000_000_000
+_BROKER: dict = {}          # the module's broker process (a test freezes it)
 
 
 # ----------------------------------------------------------------------------- fixtures
@@ -45,6 +46,7 @@ def broker(tmp_path_factory):
             if s.connect_ex(("127.0.0.1", PORT)) == 0:
                 break
         time.sleep(0.1)
+    _BROKER["proc"] = proc
     yield BOOT
     proc.terminate()
     proc.wait(10)
@@ -249,6 +251,41 @@ def test_small_ranges_read_together_give_each_range_exactly(broker, monkeypatch)
     pieces = split_ranges([KafkaRange(BOOT, topic, 0, 0, ends["0"], False, "confluent")], 3)
     assert len(pieces) == 3
     assert len(rows(read_partition(KafkaRanges(tuple(pieces))))) == ends["0"]
+    if kafka_read._idle is not None:
+        kafka_read._idle[1].close()
+        kafka_read._idle = None
+
+
+def test_a_reused_reader_waits_out_a_frozen_broker_instead_of_calling_the_tail_lost(broker, monkeypatch):
+    """A reused consumer still holds the log end of its last read of a partition. When its next
+    range there starts at that old end and the broker answers nothing for a while (frozen: SIGSTOP),
+    the old end is no proof that the records the driver planned are gone: the read waits and gives
+    the whole range once the broker answers."""
+    import os
+    import signal
+    import threading
+    topic = "t-frozen"
+    make_topic(topic, 1)
+    fill(topic, 50)
+    monkeypatch.setattr(kafka_read, "_in_spark_task", lambda: True)     # reuse consumers as a task does
+    r = reader(topic, startingOffsets="earliest")
+    first = r.latestOffset(r.initialOffset(), r.getDefaultReadLimit())["0"]
+    assert sum(b.num_rows for b in read_range(KafkaRange(BOOT, topic, 0, 0, first, True, "confluent"))) == first
+    fill(topic, 50)
+    r._probe = None
+    end = r.latestOffset({"0": first}, r.getDefaultReadLimit())["0"]
+    assert end > first
+    proc = _BROKER["proc"]
+    os.kill(proc.pid, signal.SIGSTOP)
+    thaw = threading.Timer(2.0, os.kill, (proc.pid, signal.SIGCONT))
+    thaw.start()
+    try:
+        got = [o for b in read_range(KafkaRange(BOOT, topic, 0, first, end, True, "confluent"))
+               for o in b.column("offset").to_pylist()]
+    finally:
+        thaw.join()
+        os.kill(proc.pid, signal.SIGCONT)
+    assert got == list(range(first, end))
     if kafka_read._idle is not None:
         kafka_read._idle[1].close()
         kafka_read._idle = None
