@@ -197,6 +197,10 @@ class LogEndProbe:
             fresh[p] = max(fresh.get(p, 0), hw, m.offset() + 1)
             pending.discard(p)
         self.known.update(fresh)  # a partition that did not answer keeps its last known end
+        # no fetch left waiting at the log end: Tansu answers a connection's requests in turn, so the
+        # next listing's ListOffsets waited behind it (~90 ms a partition: an idle trigger took
+        # 615 ms, 107 ms with this)
+        self.consumer.unassign()
         self._probed_at = self.exact_at = time.monotonic()
         return {p: self.known[p] for p in parts}
 
