@@ -80,6 +80,7 @@ class Tuning:
     owner_pid: int = 0                           # HERDFENCE_OWNER_PID: the stack stops when this process is gone
     job_standby: bool = True                     # HERDFENCE_JOB_STANDBY: a hot standby job beside the active one
     lease_ms: int = 1000                         # HERDFENCE_JOB_LEASE_MS: the active job's lease
+    standby_nice: int = 10                       # HERDFENCE_STANDBY_NICE: a standby's CPU niceness (0: off)
     single_task_records: int = 10_000            # HERDFENCE_SINGLE_TASK_RECORDS: a batch this small runs as one task (0: never)
 
 
@@ -111,6 +112,7 @@ def load_tuning(env: dict[str, str] | None = None) -> Tuning:
         owner_pid=number(env, "HERDFENCE_OWNER_PID", d.owner_pid, 0, int),
         job_standby=flag(env, "HERDFENCE_JOB_STANDBY", d.job_standby),
         lease_ms=number(env, "HERDFENCE_JOB_LEASE_MS", d.lease_ms, 300, int),
+        standby_nice=min(19, number(env, "HERDFENCE_STANDBY_NICE", d.standby_nice, 0, int)),
         single_task_records=number(env, "HERDFENCE_SINGLE_TASK_RECORDS", d.single_task_records, 0, int),
     )
 

@@ -38,6 +38,7 @@ from fencing.model.redis_conn import cluster
 from fencing.stream.pruning import DeletedFencePruner, HistoryCompactor
 from fencing.stream.retention import RETENTION_DAYS, EventRetention
 from fencing.stream.silent import SEEN_STEP_MS, SilentScanner
+from fencing.stream import standby_priority
 from fencing.stream.single_task import batch_is_single_task, single_task_stage
 from fencing.stream.sinks import Sinks
 from fencing.stream.spark_session import build_session, is_local, start_scale_watcher
@@ -226,6 +227,8 @@ def main() -> None:
     waiting = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: waiting.set())
     epoch = lease.acquire(wait=False)      # first, so a standby on a cluster can ask for no executors
+    # a standby yields the CPU while it warms and waits: its JVM and Python workers inherit this
+    lowered = not epoch and standby_priority.lower(TUNING.standby_nice)
     spark = build_session(settings.spark_master_url, standby=not epoch)
     processor = BatchProcessor(spark, settings)
     processor.holder = holder
@@ -252,6 +255,8 @@ def main() -> None:
     if not processor.epoch:        # SIGTERM while standing by
         logging.shutdown()
         os._exit(0)
+    if lowered:
+        log.info("back to the normal CPU priority (%d threads)", standby_priority.restore())
     if not warm_executors:
         keep_warm.start()
         start_scale_watcher(spark)

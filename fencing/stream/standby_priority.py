@@ -1,0 +1,73 @@
+"""A standby job yields the CPU while it warms and waits (issue 19): on a shared machine its start
+(a JVM, Python workers, fence caches, the planner's warm-up) took the cores from the active job for
+about a minute after every take-over, doubling its freshness lag. The standby runs at a lower
+priority (niceness, inherited by its JVM and Python workers), and the moment it takes the lease it
+puts itself and every process it started back at the normal priority.
+
+Going back up needs the right to raise priority (root, or RLIMIT_NICE): without it the standby keeps
+the normal priority from the start, as an active job must not be left behind the broker and Redis."""
+from __future__ import annotations
+
+import logging
+import os
+import resource
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def can_restore() -> bool:
+    """Whether this process may go back to niceness 0 once it lowered its priority."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or soft >= 20
+
+
+def lower(niceness: int) -> bool:
+    """Run this process (and what it starts from now on) at `niceness`; False when it may not."""
+    if niceness <= 0 or not can_restore():
+        return False
+    os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    return True
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (children, their children...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue                                  # gone meanwhile
+        fields = text[text.rfind(")") + 2:].split()   # after the command name, which may hold spaces
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def threads(pid: int) -> list[int]:
+    """The thread ids of a process (Linux keeps a niceness per thread)."""
+    try:
+        return [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
+    except OSError:
+        return []
+
+
+def restore() -> int:
+    """Back to niceness 0: every thread of this process and of every process it started (a JVM's
+    threads each carry their own). Returns how many threads were raised."""
+    raised = 0
+    for pid in [os.getpid(), *descendants(os.getpid())]:
+        for tid in threads(pid):
+            try:
+                if os.getpriority(os.PRIO_PROCESS, tid) != 0:
+                    os.setpriority(os.PRIO_PROCESS, tid, 0)
+                    raised += 1
+            except ProcessLookupError:
+                continue                              # ended meanwhile
+            except PermissionError as e:
+                log.warning("standby priority: cannot restore thread %d of process %d (%s)", tid, pid, e)
+    return raised
