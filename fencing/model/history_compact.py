@@ -12,12 +12,15 @@ that one pass. A day that is over (older than yesterday) also gets its merged fi
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import secrets
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Iterator
 
 import orjson
 import pyarrow.parquet as pq
@@ -29,6 +32,7 @@ COMPACT_PREFIX = "compact-"
 SOURCES_KEY = b"herdfence.sources"
 TARGET_BYTES = 128 << 20       # a merged file stops taking sources past this many source bytes
 MIN_FILES = 2                  # fewer than this in a day: nothing to gain
+LOCK_NAME = ".compact.lock"    # in the history root; a leading dot: dataset readers skip it
 
 
 @dataclass
@@ -47,10 +51,28 @@ def committed(name: str, run_id: str, first_replayable: int) -> bool:
     return m["run"] != run_id or int(m["batch"]) < first_replayable
 
 
+@contextmanager
+def _one_pass_at_a_time(root: str) -> Iterator[None]:
+    """An exclusive lock on the history root for one pass: a pass's first step drops the half-written
+    merges it finds, which must never be another live pass's (the job's timer and a manual or backup
+    pass ran side by side, and one lost its file mid-rename). The kernel frees it if a pass is killed."""
+    with open(Path(root) / LOCK_NAME, "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def compact(root: str, run_id: str, first_replayable: int, today: datetime | None = None) -> Compacted:
-    out = Compacted()
     if not root or not Path(root).is_dir():
-        return out
+        return Compacted()
+    with _one_pass_at_a_time(root):
+        return _compact(root, run_id, first_replayable, today)
+
+
+def _compact(root: str, run_id: str, first_replayable: int, today: datetime | None) -> Compacted:
+    out = Compacted()
     today = (today or datetime.now(timezone.utc)).date()
     closed_before = (today - timedelta(days=1)).isoformat()
     for folder in sorted(Path(root).glob("day=*")):
@@ -71,7 +93,10 @@ def compact(root: str, run_id: str, first_replayable: int, today: datetime | Non
 
 def finish_interrupted(root: str) -> int:
     """`compact`'s first step alone, on every day of `root` (a backup copied while the job compacted)."""
-    return sum(_finish_interrupted(folder) for folder in sorted(Path(root).glob("day=*"))) if root else 0
+    if not root or not Path(root).is_dir():
+        return 0
+    with _one_pass_at_a_time(root):
+        return sum(_finish_interrupted(folder) for folder in sorted(Path(root).glob("day=*")))
 
 
 def _groups(files: list[Path]) -> list[list[Path]]:

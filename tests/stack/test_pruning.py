@@ -105,8 +105,8 @@ def test_history_compaction_beside_the_running_job_keeps_every_position(stack):
     assert history.status_code == 200 and len(history.json()["features"]) == 3, history.text
     root = stack.settings.history_dir
     files_before = len(list(root.glob("day=*/*.parquet")))
-    done = compact(str(root), *_replay_floor(stack))     # while the job goes on writing
-    assert done.merged_files >= 3 and len(list(root.glob("day=*/*.parquet"))) < files_before
+    compact(str(root), *_replay_floor(stack))     # while the job goes on writing (and may compact too)
+    assert len(list(root.glob("day=*/*.parquet"))) < files_before
     again = farm.api.get("/v1/positions/history", params={"device_id": "cow-h"})
     assert again.json() == history.json()
 

@@ -78,3 +78,22 @@ def test_an_interrupted_pass_is_finished_and_a_closed_day_ends_as_one_file(tmp_p
     _write(tmp_path, "r1", range(4, 5), day=-3)
     compact(str(tmp_path), "r1", first_replayable=5, today=TODAY)
     assert len(_files(tmp_path, day)) == 1 and len(_rows(tmp_path)) == len(before) + 15
+
+
+def test_a_pass_never_drops_the_half_written_merge_of_a_pass_still_running(tmp_path):
+    """Two passes side by side (the job's timer and a manual one): the second waits for the first's
+    lock instead of taking its scratch file for a crashed pass's leftover."""
+    import threading
+
+    from fencing.model import history_compact
+    day = tmp_path / "day=2026-01-01"
+    day.mkdir()
+    scratch = day / ".compact-live.parquet.tmp"
+    with history_compact._one_pass_at_a_time(str(tmp_path)):       # the running pass
+        scratch.write_bytes(b"half written")
+        second = threading.Thread(target=history_compact.finish_interrupted, args=(str(tmp_path),))
+        second.start()
+        second.join(1.0)
+        assert second.is_alive() and scratch.exists()                # it waits; the scratch stays
+    second.join(10)
+    assert not second.is_alive() and not scratch.exists()           # alone now: a leftover, dropped
