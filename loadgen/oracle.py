@@ -17,8 +17,8 @@ def expected_events(reports_df, fences, device_farm, workers: int | None = None)
     is judged one farm at a time (issue 23): membership with vectorized `covers` over the farm's rows
     (the same answer the per-report call gives), then its reports fed one by one, as one batch (late
     fixes are replayed where they arrived, before the device's next report that is not late, so the
-    job's batches need not be known). Only one farm's devices and membership are held at a time: the oracle's memory does not
-    grow with the number of devices or points of the run. `workers`: processes (forked) sharing the
+    job's batches need not be known). Only one farm's devices and membership are held at a time: the
+    oracle's memory does not grow with the number of devices or points of the run. `workers`: processes (forked) sharing the
     farms; None = one per core for runs of PARALLEL_ROWS reports or more (the benchmarks run it once
     their stack is down), else this process alone."""
     import os
