@@ -1,12 +1,18 @@
 """Keeps the executors' Python workers, and the fence caches they hold, alive while no micro-batch runs.
 
-Spark stops a Python worker that has been idle for a minute (PythonWorkerFactory; not configurable),
-and a new worker must load the whole fence map before it can test a point: ~7 s at 100k fences, paid
-by the first report after a quiet spell. While the stream is idle, this driver thread runs a tiny job
-every `HERDFENCE_KEEP_WARM_SECONDS` with one task per executor core. Each task holds its worker for a
-moment, so the tasks land on different pooled workers. Each task also bulk-loads the fence groups its
-worker has not cached yet (all of them in a new worker; those saved meanwhile in an old one), so the
-next micro-batch does not. The last run is in `job:keepwarm`: time, tasks' pids, fences cached.
+Spark stops its idle Python workers when none has been used for a minute (PythonWorkerFactory; not
+configurable), and a new worker must load the whole fence map before it can test a point: ~7 s at 100k
+fences, paid by the first report after a quiet spell. While the stream is idle, this driver thread runs
+a tiny job every `HERDFENCE_KEEP_WARM_SECONDS`. Each task bulk-loads the fence groups its worker has not
+cached yet (all of them in a new worker; those saved meanwhile in an old one), so the next micro-batch
+does not.
+
+A run must meet every pooled worker, and the pool can hold more workers than there are cores: a stage
+that chains two Python operators holds two workers per task. Spark hands idle workers out first in,
+first out, so n tasks in a row meet n different workers while the pool holds at least n. A run
+therefore has twice as many tasks as the last run met workers (at least two per core): it wraps around
+the pool, and room is left for the pool to have grown. The last run is in `job:keepwarm`: time,
+tasks' pids, fences cached.
 """
 from __future__ import annotations
 
@@ -22,7 +28,7 @@ from fencing.config import TUNING
 KEEP_WARM_S = TUNING.keep_warm_s   # 0 = off
 STATUS_KEY = ACTIVE_WARM_KEY = "job:keepwarm"
 STANDBY_WARM_KEY = "job:keepwarm:standby"    # the hot standby's runs (fencing.stream.job)
-HOLD_S = 0.3        # long enough that a run's tasks overlap, so no worker serves two of them
+HOLD_S = 0.05       # a task holds its worker a moment, so a run's tasks spread over every executor
 
 
 def _warm_task(redis_node: tuple[str, int]):
@@ -54,6 +60,7 @@ class KeepWarm(Periodic):
         self.spark, self.redis, self.redis_node = spark, redis, redis_node
         self.last_activity = last_activity
         self.runs = 0
+        self.workers_met = 0        # distinct workers the last run met
         self.planner = False        # a standby: also warm the source's planner and the batch's operators
 
     def tick(self) -> None:
@@ -63,9 +70,10 @@ class KeepWarm(Periodic):
     def warm_once(self) -> list[dict]:
         sc = self.spark.sparkContext
         sc.setJobDescription("herdfence: keep the Python workers warm")
-        n = max(1, sc.defaultParallelism)
+        n = 2 * max(1, sc.defaultParallelism, self.workers_met)
         rows = [r.asDict() for r in self.spark.range(0, n, 1, n)
                 .mapInArrow(_warm_task(self.redis_node), "pid long, fences long").collect()]
+        self.workers_met = len({r["pid"] for r in rows})
         if self.planner:          # a standby: also what the first batch after a take-over would pay
             from fencing.elastic import routing
             from fencing.stream.warm_standby import warm_batch_path, warm_planner
