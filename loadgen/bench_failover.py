@@ -158,7 +158,25 @@ def _takeover(redis, fault_at: float, old_epoch: int) -> dict:
     if beat.active_since:
         out.update(lease_taken_ms=round((beat.active_since - fault_at) * 1000),
                    first_batch_done_ms=round((beat.time - beat.active_since) * 1000))
+        out["first_batches"] = _first_batches(redis, beat)
     return out
+
+
+def _first_batches(redis, first, n: int = 3) -> list[dict]:
+    """Where the new active job's first batches spent their time, from the lease: when each began and
+    ended, its Spark and sinks parts, and Spark's own breakdown of that trigger (which the next batch's
+    heartbeat carries)."""
+    try:
+        beats = _wait("the new active job's first batches", lambda: (lambda b: b if len(b) > n else None)(
+            sorted((b for b in recent_heartbeats(redis, 200) if b.epoch == first.epoch), key=lambda b: b.time)), 30)
+    except RuntimeError:
+        return []
+    since = first.active_since
+    return [{"batch": b.batch_id, "points": b.points,
+             "began_ms": round((b.time - b.duration_s - since) * 1000), "done_ms": round((b.time - since) * 1000),
+             "spark_ms": round(b.spark_s * 1000), "sinks_ms": round(b.sinks_s * 1000),
+             "trigger_ms": {k: round(v) for k, v in after.previous_trigger_ms.items()}}
+            for b, after in zip(beats[:n], beats[1:n + 1])]
 
 
 def failover(rate: float, devices: int, fences: int, json_path: str | None, steady_s: float = 15.0,
