@@ -79,9 +79,10 @@ class Tuning:
     broker_keep_s: float = 30.0                  # HERDFENCE_BROKER_KEEP_SECONDS: consumed gps.reports kept this long
     owner_pid: int = 0                           # HERDFENCE_OWNER_PID: the stack stops when this process is gone
     job_standby: bool = True                     # HERDFENCE_JOB_STANDBY: a hot standby job beside the active one
-    lease_ms: int = 1000                         # HERDFENCE_JOB_LEASE_MS: the active job's lease
+    lease_ms: int = 600                          # HERDFENCE_JOB_LEASE_MS: the active job's lease
     standby_nice: int = 10                       # HERDFENCE_STANDBY_NICE: a standby's CPU niceness (0: off)
     single_task_records: int = 10_000            # HERDFENCE_SINGLE_TASK_RECORDS: a batch this small runs as one task (0: never)
+    fork_server: bool = True                     # HERDFENCE_FORK_SERVER: the query's Python runner from a warm fork server (local Spark)
 
 
 def load_tuning(env: dict[str, str] | None = None) -> Tuning:
@@ -114,6 +115,7 @@ def load_tuning(env: dict[str, str] | None = None) -> Tuning:
         lease_ms=number(env, "HERDFENCE_JOB_LEASE_MS", d.lease_ms, 300, int),
         standby_nice=min(19, number(env, "HERDFENCE_STANDBY_NICE", d.standby_nice, 0, int)),
         single_task_records=number(env, "HERDFENCE_SINGLE_TASK_RECORDS", d.single_task_records, 0, int),
+        fork_server=flag(env, "HERDFENCE_FORK_SERVER", d.fork_server),
     )
 
 

@@ -181,6 +181,8 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         "produce": {k: v for k, v in wstats.as_dict().items()},
         "batches": len(in_run),
         "batch_seconds": batch_summary(in_run),
+        # the active job's longest time between two lease renewals: how near it came to being replaced
+        "lease_gap_ms_max": max((b.lease_gap_ms for b in beats), default=None),
         "warmup_points": warm_n,
         "setup_seconds": {"simulate": round(sim_s, 2), "load": round(load_s, 2), **loaded.seconds,
                           "warmup": round(warm_s, 2),

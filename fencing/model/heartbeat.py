@@ -95,6 +95,7 @@ class Heartbeat:
     epoch: int = 0                        # the lease epoch the batch was written under
     holder: str = ""                      # the job process that wrote it (host:pid)
     active_since: float = 0.0             # when that process took the lease (epoch seconds)
+    lease_gap_ms: float = 0.0             # the longest time between two lease renewals since the last beat
 
     @property
     def handled_total(self) -> int:

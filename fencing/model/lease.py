@@ -45,9 +45,16 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 return 0
 """
+# a renewal that came after the lease expired takes it again when no job took it meanwhile (the
+# epoch is still the holder's): a starved process is not replaced by nothing
 _RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+if not holder and redis.call('GET', KEYS[2]) == ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
 end
 return 0
 """
@@ -127,6 +134,8 @@ class Lease:
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
         self.epoch = 0
+        self.worst_gap_ms = 0.0          # the longest time between two renewals (see take_worst_gap_ms)
+        self._renewed_at = 0.0           # monotonic time of the last renewal (or of taking the lease)
         self._stop = threading.Event()
         self._presence = None            # this process's named connection to the lease's node
         self._presence_node: tuple[str, int] | None = None
@@ -149,7 +158,7 @@ class Lease:
                 log.warning("lease: cannot reach Redis (%s); retrying", e)
                 epoch = 0
             if epoch:
-                self.epoch = epoch
+                self.epoch, self._renewed_at = epoch, time.monotonic()
                 threading.Thread(target=self._keep, name="lease", daemon=True).start()
                 return epoch
             if not wait:
@@ -159,12 +168,14 @@ class Lease:
 
     def _keep(self) -> None:
         every = self.ttl_ms / 5000.0
-        deadline = time.monotonic() + self.ttl_ms / 1000.0
+        deadline = self._renewed_at + self.ttl_ms / 1000.0
         while not self._stop.wait(every):
             self._keep_presence()
             try:
-                if int(self._renew(keys=[self.lease_key], args=[self.holder, self.ttl_ms])):
-                    deadline = time.monotonic() + self.ttl_ms / 1000.0
+                if int(self._renew(keys=[self.lease_key, self.epoch_counter],
+                                   args=[self.holder, self.ttl_ms, self.epoch])):
+                    self._renewed()
+                    deadline = self._renewed_at + self.ttl_ms / 1000.0
                     continue
                 reason = "another job holds it"
             except Exception as e:  # noqa: BLE001 - judged by the deadline below
@@ -174,6 +185,20 @@ class Lease:
             log.error("lease lost (%s): this job stops writing", reason)
             self.on_lost()
             return
+
+    def _renewed(self) -> None:
+        """Track the longest time between two renewals: how close this job came to losing the lease
+        (a starved process, a long pause). A gap past half the TTL is logged."""
+        now = time.monotonic()
+        gap_ms, self._renewed_at = (now - self._renewed_at) * 1000.0, now
+        self.worst_gap_ms = max(self.worst_gap_ms, gap_ms)
+        if gap_ms > self.ttl_ms / 2:
+            log.warning("lease: %.0f ms between renewals (lease %d ms)", gap_ms, self.ttl_ms)
+
+    def take_worst_gap_ms(self) -> float:
+        """The longest time between two renewals since the last call (ms)."""
+        worst, self.worst_gap_ms = self.worst_gap_ms, 0.0
+        return round(worst)
 
     def _keep_presence(self) -> None:
         """Keep this process's named connection open to the node that holds the lease's slot now (a

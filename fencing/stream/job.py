@@ -33,6 +33,7 @@ from fencing.model.lease import Lease, mark_standby
 from fencing.stream.prepare import unpack
 from fencing.stream.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
     ProcessContext, process_partition
+from fencing.stream import fork_server
 from fencing.stream.keep_warm import ACTIVE_WARM_KEY, KEEP_WARM_S, STANDBY_WARM_KEY, KeepWarm
 from fencing.model.redis_conn import cluster
 from fencing.stream.pruning import DeletedFencePruner, HistoryCompactor
@@ -68,6 +69,7 @@ class BatchProcessor:
         self.last_batch_end = time.time()     # the keep-warm thread runs only while the stream is idle
         self.holder = ""                      # this process's id in the lease
         self.active_since = 0.0               # when it took the lease (0: a test's processor)
+        self.lease: Lease | None = None       # its lease (None: a test's processor)
         self.batches_run = 0
 
     @property
@@ -154,7 +156,8 @@ class BatchProcessor:
             # foreachBatch, walCommit, commitOffsets): what a batch costs outside the tasks
             previous_trigger_ms=dict(progress[0].get("durationMs") or {}) if progress else {},
             spark_s=round(spark_s, 3), sinks_s=round(sinks_s, 3), readers=readers,
-            epoch=self.epoch, holder=self.holder, active_since=self.active_since)
+            epoch=self.epoch, holder=self.holder, active_since=self.active_since,
+            lease_gap_ms=self.lease.take_worst_gap_ms() if self.lease is not None else 0.0)
         beat.write(self.redis, self.epoch)
         if self.observer is not None:
             self.observer(beat)
@@ -229,9 +232,12 @@ def main() -> None:
     epoch = lease.acquire(wait=False)      # first, so a standby on a cluster can ask for no executors
     # a standby yields the CPU while it warms and waits: its JVM and Python workers inherit this
     lowered = not epoch and standby_priority.lower(TUNING.standby_nice)
+    if TUNING.fork_server and is_local(settings.spark_master_url):
+        # the query's Python runner forked warm: a take-over's query start pays no imports
+        os.environ["PYSPARK_PYTHON"] = str(fork_server.start())
     spark = build_session(settings.spark_master_url, standby=not epoch)
     processor = BatchProcessor(spark, settings)
-    processor.holder = holder
+    processor.holder, processor.lease = holder, lease
     JvmWatchdog(spark).start()
     # warm before waiting: Python workers started, fence caches loaded, the query planned. A standby
     # on a cluster holds no executors (they would be taken from the active job): it warms its driver only.

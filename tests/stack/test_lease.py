@@ -85,6 +85,34 @@ def test_the_lease_is_held_renewed_and_taken_over_with_the_next_epoch(stack):
     assert lost.wait(3)
 
 
+def test_a_late_renewal_keeps_the_lease_only_if_no_job_took_it_meanwhile(stack):
+    """A starved holder (a long GC pause, a busy machine) renews after its lease expired: with no
+    standby around it holds it again under the same epoch; once another job took the next epoch, it
+    has lost it for good, even if that job's lease has expired too."""
+    redis = stack.redis
+    tag = f"leasetest-{time.time_ns()}"
+    keys = {"lease_key": f"{{{tag}}}:lease", "epoch_counter": f"{{{tag}}}:epoch"}
+    lost = threading.Event()
+    holder = Lease(redis, "host:1", 400, lost.set, **keys)
+    assert holder.acquire() == 1
+    holder._stop.set()                                        # starved: no renewal ...
+    wait_for(lambda: redis.get(keys["lease_key"]) is None, timeout=5, interval=0.05, what="the lease to expire")
+    holder._stop.clear()
+    threading.Thread(target=holder._keep, daemon=True).start()    # ... until now
+    wait_for(lambda: redis.get(keys["lease_key"]) == "host:1", timeout=3, interval=0.05, what="the late renewal")
+    assert not lost.is_set() and redis.get(keys["epoch_counter"]) == "1"
+    assert holder.take_worst_gap_ms() >= 400                  # the starved spell is on record
+    holder._stop.set()
+    time.sleep(0.2)
+    other = Lease(redis, "host:2", 400, lambda: None, **keys)
+    redis.delete(keys["lease_key"])
+    assert other.try_acquire() == 2
+    redis.delete(keys["lease_key"])                           # the new holder's lease is gone as well
+    holder._stop.clear()
+    threading.Thread(target=holder._keep, daemon=True).start()
+    assert lost.wait(3) and redis.get(keys["lease_key"]) is None
+
+
 _HOLDER = """
 import sys, threading, time
 from fencing.model.lease import Lease
