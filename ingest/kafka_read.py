@@ -108,6 +108,14 @@ def _hand_back(bootstrap: str, consumer) -> None:  # noqa: ANN001
     _idle = (bootstrap, consumer)
 
 
+def close_idle() -> None:
+    """Close the consumer kept for the next read (a process done reading: its broker may go away)."""
+    global _idle
+    if _idle is not None:
+        _idle[1].close()
+        _idle = None
+
+
 def _in_spark_task() -> bool:
     try:
         from pyspark import TaskContext

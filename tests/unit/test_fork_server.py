@@ -64,33 +64,34 @@ def test_other_starts_and_a_missing_server_run_the_plain_interpreter(server, tmp
     assert done.returncode == 0 and int(_parse(done.stdout)["ppid"]) == os.getpid()
 
 
-def test_a_signal_to_the_caller_reaches_the_child_and_the_caller_ends_the_same_way(server, tmp_path):
-    script, proc = server
+def _sleeping_child(script: Path, cwd: Path) -> tuple[subprocess.Popen, int]:
+    """A caller whose forked child sleeps: (the caller, the child's pid)."""
     env = {**os.environ, "FORK_TEST_MARKER": "m", "PYTHONPATH": str(ROOT)}
     caller = subprocess.Popen([str(script), "-m", TARGET, "sleep"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=env, cwd=tmp_path)
+                              text=True, env=env, cwd=cwd)
     caller.stdin.write("x\n")
     caller.stdin.flush()
-    child = int(_parse(caller.stdout.readline())["pid"])
+    return caller, int(_parse(caller.stdout.readline())["pid"])
+
+
+def _gone(pid: int, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not Path(f"/proc/{pid}").exists()
+
+
+def test_a_signal_to_the_caller_reaches_the_child_and_the_caller_ends_the_same_way(server, tmp_path):
+    script, proc = server
+    caller, child = _sleeping_child(script, tmp_path)
     caller.send_signal(signal.SIGTERM)                       # what Spark does to stop the runner
     assert caller.wait(10) == -signal.SIGTERM
-    deadline = time.monotonic() + 5
-    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text().split(")")[1][:3]
+    assert _gone(child), "the child outlived the signal"
 
 
 def test_a_caller_killed_outright_takes_its_child_with_it(server, tmp_path):
     script, proc = server
-    env = {**os.environ, "FORK_TEST_MARKER": "m", "PYTHONPATH": str(ROOT)}
-    caller = subprocess.Popen([str(script), "-m", TARGET, "sleep"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=env, cwd=tmp_path)
-    caller.stdin.write("x\n")
-    caller.stdin.flush()
-    child = int(_parse(caller.stdout.readline())["pid"])
+    caller, child = _sleeping_child(script, tmp_path)
     caller.kill()
     caller.wait()
-    deadline = time.monotonic() + 5
-    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not Path(f"/proc/{child}").exists(), "the child outlived its caller"
+    assert _gone(child), "the child outlived its caller"

