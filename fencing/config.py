@@ -82,7 +82,7 @@ class Tuning:
     lease_ms: int = 600                          # HERDFENCE_JOB_LEASE_MS: the active job's lease
     standby_nice: int = 10                       # HERDFENCE_STANDBY_NICE: a standby's CPU niceness (0: off)
     single_task_records: int = 10_000            # HERDFENCE_SINGLE_TASK_RECORDS: a batch this small runs as one task (0: never)
-    fork_server: bool = False                    # HERDFENCE_FORK_SERVER: the query's Python runner from a warm fork server (local Spark; costs the push floor, see README)
+    fork_server: bool = True                     # HERDFENCE_FORK_SERVER: the query's Python runner from a warm fork server (local Spark)
 
 
 def load_tuning(env: dict[str, str] | None = None) -> Tuning:

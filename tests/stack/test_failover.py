@@ -30,7 +30,7 @@ def _env(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
     env.update(PORTS, HERDFENCE_HOME=str(home), HERDFENCE_OWNER_PID=str(os.getpid()), HERDFENCE_TRIGGER="200 milliseconds", HERDFENCE_ELASTIC="0",
                HERDFENCE_JOB_STANDBY="1", HERDFENCE_KEEP_WARM_SECONDS="5",
-               HERDFENCE_FORK_SERVER="1")      # the opt-in warm runner start, taken over from as well
+               HERDFENCE_FORK_SERVER="1")      # the warm runner start (the default), taken over from as well
     return env
 
 
