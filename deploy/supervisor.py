@@ -137,6 +137,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     settings = load_settings()
+    owner_left = threading.Event()
     if TUNING.owner_pid:
         # a private stack dies with its owner (an OOM-killed benchmark left one running before)
         def watch_owner() -> None:
@@ -144,12 +145,16 @@ def main() -> None:
                 if owner_gone(TUNING.owner_pid):
                     print(f"herdfence supervisor: owner pid {TUNING.owner_pid} is gone; stopping the stack",
                           file=sys.stderr, flush=True)
+                    owner_left.set()
                     stop.set()
-                    # `down` stops this supervisor too (it is exiting anyway), then everything else
-                    subprocess.Popen([sys.executable, "-m", "deploy.cli", "down"], start_new_session=True,
-                                     stdout=sys.stderr, stderr=sys.stderr)     # into the supervisor's log
         threading.Thread(target=watch_owner, name="owner", daemon=True).start()
     Supervisor(settings).run(stop)
+    if owner_left.is_set():
+        # From the main thread: a daemon thread's Popen can lose the race with interpreter exit, and
+        # then nothing stops the stack. `down` stops this supervisor too (it is exiting anyway), then
+        # everything else; its output goes into the supervisor's log.
+        subprocess.Popen([sys.executable, "-m", "deploy.cli", "down"], start_new_session=True,
+                         stdout=sys.stderr, stderr=sys.stderr)
 
 
 if __name__ == "__main__":
