@@ -81,7 +81,8 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
     job's drain rate and the latency is mostly queueing behind the backlog; paced below the drain rate,
     the latency is the job's own (report sent → event visible)."""
     from loadgen import plots
-    from loadgen.bench_load import batch_summary, handled, load_simulation, read_events, stream_and_wait
+    from loadgen.bench_load import batch_summary, handled, load_simulation, read_events, stream_and_wait, \
+        wait_until_warm
     from loadgen.herd import SimConfig, simulate
     from loadgen.reference import expected_events
     from loadgen.truth import reconcile
@@ -119,6 +120,9 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         stream_and_wait(stack, warm, progress=progress)
         warm_s = time.perf_counter() - t
         del warm
+        say("waiting for the keep-warm runs to find every fence cached in every Python worker")
+        warm_wait = wait_until_warm(redis, len(sim.fences), since=time.time())
+        say(f"workers warm: {warm_wait['warm']} after {warm_wait['seconds']:.1f} s")
         redis_bytes["warm"] = bench_memory.masters_used_memory(redis)
         reports = sim.reports.copy()
         reports["device_id"] = loaded.device_prefix + reports["device_id"].astype(str)
@@ -185,8 +189,9 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         "lease_gap_ms_max": max((b.lease_gap_ms for b in beats), default=None),
         "warmup_points": warm_n,
         "setup_seconds": {"simulate": round(sim_s, 2), "load": round(load_s, 2), **loaded.seconds,
-                          "warmup": round(warm_s, 2),
+                          "warmup": round(warm_s, 2), "workers_warm": warm_wait["seconds"],
                           "oracle": round(truth_s, 2)},
+        "workers_warm": warm_wait["warm"],
         "vectorized_limit_pairs": int(limit_pairs),
         "memory": mem,
         "stack": stack_info, "machine": machine(), "command": command,

@@ -171,6 +171,33 @@ def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_t
     return stats, t_first, done_at, sampler, base
 
 
+def wait_until_warm(redis, fences: int, since: float, timeout_s: float = 150.0) -> dict:
+    """Wait until a keep-warm run that began after `since` (epoch s) found at least `fences` fences
+    cached in every Python worker it met: the active job's workers, and the hot standby's when one
+    runs. A job that has been running is in that state; right after a bulk load it is not. The
+    warm-up's batches reach only the workers they ran on (Spark pools more Python workers than
+    cores), and the rest, and the standby, load the whole map later: 100k fences cost a worker
+    seconds of CPU, which would land in the measured run. Keep-warm off (no run on record): no wait.
+    Returns {"seconds", "warm": bool, "runs": {status key: fences per task}}."""
+    from fencing.stream.keep_warm import ACTIVE_WARM_KEY, STANDBY_WARM_KEY
+    started = time.time()
+    runs: dict[str, list[int]] = {}
+    while True:
+        pending = False
+        for key in (ACTIVE_WARM_KEY, STANDBY_WARM_KEY):
+            raw = redis.get(key)
+            if raw is None:
+                continue            # keep-warm off, or no standby
+            run = orjson.loads(raw)
+            runs[key] = [int(t.get("fences", 0)) for t in run.get("tasks", ())]
+            if run.get("time", 0) < since or min(runs[key], default=0) < fences:
+                pending = True
+        waited = time.time() - started
+        if not pending or waited > timeout_s:
+            return {"seconds": round(waited, 2), "warm": not pending, "runs": runs}
+        time.sleep(0.5)
+
+
 def read_events(redis, farm_ids: list[str]) -> pd.DataFrame:
     """Every event in the farms' live streams: device_id, fence_id, type, ts (ms), visible_ms, farm.
     Built column by column, a few farms at a time, with the repeated strings (farm, fence, type)

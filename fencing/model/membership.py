@@ -256,6 +256,11 @@ class FenceIndex:
             self._table = _PairTable.build(self._fences)
         return self._table
 
+    def build(self) -> None:
+        """Build the lookup tables now (else the first `match` after a change does)."""
+        if self._fences:
+            self._pairs().rings    # noqa: B018 - a cached property: built here, not in a batch
+
     def match(self, lon: np.ndarray, lat: np.ndarray, cells: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """All (point, fence) pairs with the point inside the fence, in point order.
 

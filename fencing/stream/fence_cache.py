@@ -98,7 +98,19 @@ class FenceCache:
             return 0
         self._preloaded = True
         missing = sorted(set(all_groups(redis)) - set(self.groups))
-        return self._load_current(redis, missing) if missing else 0
+        sent = self._load_current(redis, missing) if missing else 0
+        self.build_indexes()
+        return sent
+
+    def build_indexes(self) -> None:
+        """Build what a batch would otherwise build on first use after a load: each shard's pair
+        table with its ring arrays (point matching) and the by-farm table (segments of sparse fixes).
+        Run while idle, so a paddock import costs the next batch nothing (at 100k fences ~0.1 s of
+        CPU per shard and per worker, up to ~0.5 s a task)."""
+        for index in self.shards.values():
+            index.build()
+        if self._geoms:
+            self.farm_fences()
 
     def _load_current(self, redis, groups: list[str]) -> int:
         """Reload those of `groups` whose version changed (versions read first: a fence saved in
