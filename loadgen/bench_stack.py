@@ -63,8 +63,9 @@ def bench_stack(private_ports: dict[str, str] | None = None, keep: bool = False)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("HERDFENCE_") or k in ("HERDFENCE_TRIGGER", "HERDFENCE_MAX_OFFSETS_PER_TRIGGER",
                                                      "HERDFENCE_JOB_STANDBY", "HERDFENCE_BROKER_KEEP_SECONDS")}
-    # the private stack stops by itself if this process dies (killed, OOM) before it stops the stack
-    env.update(private_ports or PRIVATE_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_OWNER_PID=str(os.getpid()))
+    env.update(private_ports or PRIVATE_PORTS, HERDFENCE_HOME=str(home))
+    if not keep:    # the private stack stops by itself if this process dies (killed, OOM) before it stops it
+        env["HERDFENCE_OWNER_PID"] = str(os.getpid())
     priv = load_settings(env)
     say(f"no healthy stack in this environment: starting a private one in {home} "
         f"(kafka {priv.kafka_bootstrap}, redis {priv.redis_node[1]}, api {priv.api_url})")
