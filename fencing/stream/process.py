@@ -179,7 +179,7 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     # replay recomputes the same ids, and the driver only produces them to Kafka
     dicts = [e.__dict__ for e in events]
     publics = public_events(dicts)
-    event_log(redis).add(dicts, ctx.epoch, publics)
+    event_log(redis).add(dicts, ctx.epoch, publics, returning=False)
     # after the writes AND the events: API workers drop cached answers, and their live streams read
     # the farm's events at once (announced before the events, a stream waited for its next poll)
     notify.live_changed(redis, changed)

@@ -70,30 +70,37 @@ class EventLog:
         self.add_events = redis.register_script(_ADD_EVENTS)
         redis.script_load(_ADD_EVENTS)              # on every master: the pipelined EVALSHA needs it
 
-    def add(self, events: list[dict], epoch: int = 0, publics: list[bytes] | None = None) -> list[tuple[dict, bytes]]:
+    def add(self, events: list[dict], epoch: int = 0, publics: list[bytes] | None = None,
+            returning: bool = True) -> list[tuple[dict, bytes]]:
         """Each event into its farm's log unless its id is there already; returns the new ones, by
-        time, each with its public JSON (`publics`: already made by the caller, in `events`' order).
-        One script call per farm (bounded chunks), pipelined per master: a batch touching thousands
-        of farms costs one round trip per node, not one per farm."""
-        pairs = sorted(zip(events, publics if publics is not None else public_events(events)),
-                       key=lambda ep: (ep[0]["ts"], ep[0]["event_id"]))
-        by_farm: dict[str, list[tuple[dict, bytes]]] = {}
-        for event, public in pairs:
-            by_farm.setdefault(event["farm_id"], []).append((event, public))
+        time, each with its public JSON (`publics`: already made by the caller, in `events`' order;
+        `returning=False`: returns nothing, for a caller that only writes). One script call per farm
+        (bounded chunks), pipelined per master: a batch touching thousands of farms costs one round
+        trip per node, not one per farm."""
+        if publics is None:
+            publics = public_events(events)
+        by_farm: dict[str, list[int]] = {}
+        for i, event in enumerate(events):
+            by_farm.setdefault(event["farm_id"], []).append(i)
         pipe = NodePipeline(self.redis)
-        chunks: list[list[tuple[dict, bytes]]] = []
-        for farm_id, farm_events in by_farm.items():
-            for start in range(0, len(farm_events), 2000):
-                chunk = farm_events[start:start + 2000]
-                args: list = [epoch, STREAM_MAXLEN]
-                for event, public in chunk:
-                    args += [event["event_id"], public, event["ts"]]
+        chunks: list[list[int]] = []
+        for farm_id, rows in by_farm.items():
+            rows.sort(key=lambda i: (events[i]["ts"], events[i]["event_id"]))    # the stream in time order
+            for start in range(0, len(rows), 2000):
+                chunk = rows[start:start + 2000]
+                args = [epoch, STREAM_MAXLEN]
+                for i in chunk:
+                    event = events[i]
+                    args += (event["event_id"], publics[i], event["ts"])
                 pipe.script(self.add_events, [keys.event_data(farm_id), keys.events(farm_id),
                                               keys.event_stream(farm_id), epoch_key(keys.events(farm_id))], args)
                 chunks.append(chunk)
         if not chunks:
             return []
-        new = [e for chunk, flags in zip(chunks, pipe.execute()) for e, flag in zip(chunk, flags) if flag]
+        answers = pipe.execute()
+        if not returning:
+            return []
+        new = [(events[i], publics[i]) for chunk, flags in zip(chunks, answers) for i, flag in zip(chunk, flags) if flag]
         new.sort(key=lambda e: (e[0]["ts"], e[0]["event_id"]))
         return new
 
