@@ -172,7 +172,7 @@ def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_t
 
 
 def wait_until_warm(redis, fences: int, since: float, timeout_s: float = 150.0) -> dict:
-    """Wait until a keep-warm run that began after `since` (epoch s) found at least `fences` fences
+    """Wait until a keep-warm run that ended after `since` (epoch s) found at least `fences` fences
     cached in every Python worker it met: the active job's workers, and the hot standby's when one
     runs. A job that has been running is in that state; right after a bulk load it is not. The
     warm-up's batches reach only the workers they ran on (Spark pools more Python workers than
