@@ -131,8 +131,10 @@ class Advanced:
     dropped: list[tuple[str, int]] = field(default_factory=list)   # (uid, ts): left members silently
 
 
-@dataclass(frozen=True)
+@dataclass
 class Event:
+    """A fence event (never changed once made; not frozen: a frozen dataclass takes ~1.5 µs to build
+    against ~0.3 µs, at hundreds of thousands of events a batch of sparse collars)."""
     event_id: str
     type: str
     farm_id: str

@@ -15,20 +15,41 @@ STREAM_MAXLEN = 100_000
 
 # A farm's events, each written only if its id is new, so a replayed batch adds nothing twice. One call
 # per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event. Fenced by the
-# writer's epoch (ARGV[1], KEYS[4]: fencing.model.lease) when it is > 0.
+# writer's epoch (ARGV[1], KEYS[4]: fencing.model.lease) when it is > 0. Which ids are new comes from
+# one HMGET, and the new ones go into the hash and the time index with one HSET and one ZADD: a
+# command per event each was ~2 µs more of Redis CPU per event (AOF on); the live stream still takes
+# one XADD per event, in the events' order. At most LOG_CHUNK events a call (Lua's unpack limit: 8000).
 _ADD_EVENTS = FENCE_PRELUDE + """
-local flags = {}
+local ids = {}
 for i = 3, #ARGV, 3 do
-  if redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1]) == 1 then
-    redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'event', ARGV[i + 1])
-    flags[#flags + 1] = 1
+  ids[#ids + 1] = ARGV[i]
+end
+if #ids == 0 then
+  return {}
+end
+local known = redis.call('HMGET', KEYS[1], unpack(ids))
+local fields, scores, seen, flags = {}, {}, {}, {}
+for j = 1, #ids do
+  local id, i = ids[j], 3 * j
+  if known[j] or seen[id] then
+    flags[j] = 0
   else
-    flags[#flags + 1] = 0
+    seen[id] = true
+    fields[#fields + 1] = id
+    fields[#fields + 1] = ARGV[i + 1]
+    scores[#scores + 1] = ARGV[i + 2]
+    scores[#scores + 1] = id
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'event', ARGV[i + 1])
+    flags[j] = 1
   end
+end
+if #fields > 0 then
+  redis.call('HSET', KEYS[1], unpack(fields))
+  redis.call('ZADD', KEYS[2], unpack(scores))
 end
 return flags
 """
+LOG_CHUNK = 2000
 
 
 def public_events(events: list[dict]) -> list[bytes]:
@@ -86,8 +107,8 @@ class EventLog:
         chunks: list[list[int]] = []
         for farm_id, rows in by_farm.items():
             rows.sort(key=lambda i: (events[i]["ts"], events[i]["event_id"]))    # the stream in time order
-            for start in range(0, len(rows), 2000):
-                chunk = rows[start:start + 2000]
+            for start in range(0, len(rows), LOG_CHUNK):
+                chunk = rows[start:start + LOG_CHUNK]
                 args = [epoch, STREAM_MAXLEN]
                 for i in chunk:
                     event = events[i]
