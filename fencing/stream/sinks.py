@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fencing.config import TOPIC_EVENTS
 from fencing.model.timeutil import iso_many
 from fencing.model import compact_json, keys, notify
 from fencing.model.lease import FENCE_PRELUDE, epoch_key
@@ -51,6 +52,26 @@ return flags
 """
 LOG_CHUNK = 2000
 
+# Which of a farm's events are not in its log yet (1/0 per id in ARGV[2..]); fenced like _ADD_EVENTS
+# (KEYS[2] = the epoch mark), so a job that lost its lease produces nothing to Kafka either.
+_UNSEEN = FENCE_PRELUDE + """
+local ids = {}
+for i = 2, #ARGV do
+  ids[#ids + 1] = ARGV[i]
+end
+if #ids == 0 then
+  return {}
+end
+local known = redis.call('HMGET', KEYS[1], unpack(ids))
+local flags = {}
+for j = 1, #ids do
+  flags[j] = known[j] and 0 or 1
+end
+return flags
+"""
+
+
+
 
 def public_events(events: list[dict]) -> list[bytes]:
     """Each event as the contract's JSON (the value in Kafka `fence.events`, the logs and webhooks),
@@ -84,12 +105,52 @@ def event_records(events: pa.Table, chunk: int = EVENT_CHUNK):
 
 class EventLog:
     """Each farm's event log in Redis (hash + time index + live stream), written once per event id.
-    Used by the process tasks (their own events, before the batch commits) and the silent scanner."""
+    The process tasks `add` their own events before the batch commits (the driver produces them to
+    Kafka); the silent scanner `publish`es its events to Kafka and the log."""
 
     def __init__(self, redis):
         self.redis = redis
         self.add_events = redis.register_script(_ADD_EVENTS)
-        redis.script_load(_ADD_EVENTS)              # on every master: the pipelined EVALSHA needs it
+        self.unseen_events = redis.register_script(_UNSEEN)
+        for script in (_ADD_EVENTS, _UNSEEN):
+            redis.script_load(script)               # on every master: the pipelined EVALSHA needs it
+
+    def publish(self, events: list[dict], producer, epoch: int = 0, publics: list[bytes] | None = None
+                ) -> list[tuple[dict, bytes]]:
+        """Kafka `fence.events` gets each event its farm's log does not hold yet (by time; key = fence
+        id, or the device id for a fence-less event), then the log gets them. Called again with the
+        same events, it finds them logged and produces nothing; a crash between the two produces
+        them again rather than never (consumers drop a repeat by its event_id). Returns the new
+        ones with their public JSON."""
+        if publics is None:
+            publics = public_events(events)
+        fresh = self.unseen(events, epoch)
+        fresh.sort(key=lambda i: (events[i]["ts"], events[i]["event_id"]))
+        ids: set[str] = set()
+        new = []
+        for i in fresh:
+            if events[i]["event_id"] not in ids:          # the same event twice in one call: once
+                ids.add(events[i]["event_id"])
+                new.append((events[i], publics[i]))
+        producer.produce_records(TOPIC_EVENTS, [((e["fence_id"] or e["device_id"]).encode(), public)
+                                                for e, public in new])
+        self.add(events, epoch, publics, returning=False)
+        return new
+
+    def unseen(self, events: list[dict], epoch: int = 0) -> list[int]:
+        """Indexes of the events whose ids their farm's log does not hold (one fenced HMGET per farm
+        and chunk, pipelined per master)."""
+        pipe = NodePipeline(self.redis)
+        chunks: list[list[int]] = []
+        for farm_id, rows in _by_farm(events).items():
+            for start in range(0, len(rows), LOG_CHUNK):
+                chunk = rows[start:start + LOG_CHUNK]
+                pipe.script(self.unseen_events, [keys.event_data(farm_id), epoch_key(keys.events(farm_id))],
+                            [epoch, *[events[i]["event_id"] for i in chunk]])
+                chunks.append(chunk)
+        if not chunks:
+            return []
+        return [i for chunk, flags in zip(chunks, pipe.execute()) for i, flag in zip(chunk, flags) if flag]
 
     def add(self, events: list[dict], epoch: int = 0, publics: list[bytes] | None = None,
             returning: bool = True) -> list[tuple[dict, bytes]]:
@@ -100,12 +161,9 @@ class EventLog:
         trip per node, not one per farm."""
         if publics is None:
             publics = public_events(events)
-        by_farm: dict[str, list[int]] = {}
-        for i, event in enumerate(events):
-            by_farm.setdefault(event["farm_id"], []).append(i)
         pipe = NodePipeline(self.redis)
         chunks: list[list[int]] = []
-        for farm_id, rows in by_farm.items():
+        for farm_id, rows in _by_farm(events).items():
             rows.sort(key=lambda i: (events[i]["ts"], events[i]["event_id"]))    # the stream in time order
             for start in range(0, len(rows), LOG_CHUNK):
                 chunk = rows[start:start + LOG_CHUNK]
@@ -124,6 +182,13 @@ class EventLog:
         new = [(events[i], publics[i]) for chunk, flags in zip(chunks, answers) for i, flag in zip(chunk, flags) if flag]
         new.sort(key=lambda e: (e[0]["ts"], e[0]["event_id"]))
         return new
+
+
+def _by_farm(events: list[dict]) -> dict[str, list[int]]:
+    by_farm: dict[str, list[int]] = {}
+    for i, event in enumerate(events):
+        by_farm.setdefault(event["farm_id"], []).append(i)
+    return by_farm
 
 
 _LOGS: dict[int, EventLog] = {}
@@ -154,7 +219,7 @@ class Sinks:
             self.check_epoch(marker)    # a driver that lost its lease produces nothing
             # Kafka has no upsert: the marker keeps a replayed batch from producing again; consumers can
             # also drop duplicates by the deterministic event_id.
-            self.producer.produce_records("fence.events", event_records(events))
+            self.producer.produce_records(TOPIC_EVENTS, event_records(events))
             self.producer.produce_records("gps.reports.dlq", [(None, d.encode()) for d in dead_letters])
             self.set(marker, "1", ex=7 * 24 * 3600)
         for ping in pings:
@@ -174,9 +239,8 @@ class Sinks:
             pipe.execute()
 
     def write_once(self, events: list[dict]) -> int:
-        """Events outside any batch (the silent scanner): Kafka gets only those new to Redis."""
-        new = self.log.add(events, self.epoch)
+        """Events outside any batch (the silent scanner): Kafka, then Redis, get only those new to
+        Redis (produced first: a crash in between repeats one, never loses one)."""
+        new = self.log.publish(events, self.producer, self.epoch)
         notify.live_changed(self.redis, {e["farm_id"] for e, _ in new})   # live streams read them now
-        self.producer.produce_records("fence.events", [((e["fence_id"] or e["device_id"]).encode(), public)
-                                                       for e, public in new])
         return len(new)
