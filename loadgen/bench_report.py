@@ -86,13 +86,16 @@ def write_report(docs: Path) -> Path:
                   "measured in the same run. lost/duplicated reconcile the events against the oracle "
                   "(loadgen/truth.py). The first micro-batches (Spark and Python-worker warm-up) run on "
                   "warm-up devices before the clock starts.", "",
-                  "| fences | devices | points | offered | points/s | vectorized limit | ratio | event p50 (ms) | "
+                  "`tracks`: dense (a fix every 30 s) or sparse (battery-saving collars: a fix every 5–15 min, "
+                  "5% uploaded late; `--tracks sparse`).", "",
+                  "| fences | devices | points | tracks | offered | points/s | vectorized limit | ratio | event p50 (ms) | "
                   "event p99 (ms) | events | lost | duplicated | batches |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for _, r in pushes:
             offered = f"{_fmt(float(r['offered_rate']))}/s" if r.get("offered_rate") else "flood"
             lines.append("| " + " | ".join(_fmt(x) for x in (
-                r.get("fences"), r.get("devices"), r.get("points"), offered, r.get("points_per_s"),
+                r.get("fences"), r.get("devices"), r.get("points"), r.get("tracks") or "dense", offered,
+                r.get("points_per_s"),
                 r.get("vectorized_limit_points_per_s"))) + f" | {_fmt(r.get('ratio_to_limit'), 3)} | "
                 + " | ".join(_fmt(x) for x in (r["event_latency_ms"].get("p50"), r["event_latency_ms"].get("p99"),
                                                 r.get("events"), r.get("lost"), r.get("duplicated"), r.get("batches")))
@@ -101,6 +104,7 @@ def write_report(docs: Path) -> Path:
         for p, r in pushes:
             png = p.with_suffix(".png")
             pace = f", paced at {r['offered_rate']:,.0f} reports/s" if r.get("offered_rate") else ""
+            pace += ", sparse collars" if r.get("tracks") == "sparse" else ""
             lines += [f"### {r.get('fences'):,} fences, {r.get('devices'):,} devices, {r.get('points'):,} points{pace}",
                       "",
                       f"```\n.venv/bin/{r.get('command')}\n```", ""]

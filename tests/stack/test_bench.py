@@ -78,7 +78,7 @@ def test_pull_bench_has_no_errors(stack, tmp_path):
     assert live["events_received"] >= live["farms"] and live["delay_s"]["p50"] > 0, live
 
 
-def test_report_shows_flood_and_paced_runs(tmp_path):
+def test_report_shows_flood_paced_and_sparse_runs(tmp_path):
     from loadgen.bench_report import write_report
     base = {"fences": 100, "devices": 10, "points": 1000, "vectorized_limit_points_per_s": 1e5,
             "ratio_to_limit": 0.1, "events": 5, "lost": 0, "duplicated": 0, "batches": 2, "command": "x"}
@@ -86,6 +86,10 @@ def test_report_shows_flood_and_paced_runs(tmp_path):
         {**base, "points_per_s": 9000.0, "offered_rate": None, "event_latency_ms": {"p50": 4000, "p99": 9000}}))
     (tmp_path / "bench-push-b.json").write_text(json.dumps(
         {**base, "points_per_s": 2000.0, "offered_rate": 2000.0, "event_latency_ms": {"p50": 800, "p99": 1700}}))
+    (tmp_path / "bench-push-c.json").write_text(json.dumps(
+        {**base, "points_per_s": 7000.0, "offered_rate": None, "tracks": "sparse",
+         "event_latency_ms": {"p50": 5000, "p99": 9500}}))
     text = write_report(tmp_path).read_text()
-    assert "| flood | 9,000 |" in text and "| 2,000/s | 2,000 |" in text
+    assert "| 1,000 | dense | flood | 9,000 |" in text and "| dense | 2,000/s | 2,000 |" in text
+    assert "| 1,000 | sparse | flood | 7,000 |" in text and "1,000 points, sparse collars" in text
     assert "paced at 2,000 reports/s (100 fences): event p50 800 ms, p99 1,700 ms" in text
