@@ -14,21 +14,29 @@ from fencing.model.node_pipe import NodePipeline
 
 STREAM_MAXLEN = 100_000
 
+
+def _known_ids(first: int, step: int) -> str:
+    """Lua: `ids` = the event ids in ARGV from `first` on, every `step`th; `known` = the farm's hash
+    (KEYS[1]) at those ids, one HMGET (a call without ids returns an empty list at once)."""
+    return f"""
+local ids = {{}}
+for i = {first}, #ARGV, {step} do
+  ids[#ids + 1] = ARGV[i]
+end
+if #ids == 0 then
+  return {{}}
+end
+local known = redis.call('HMGET', KEYS[1], unpack(ids))
+"""
+
+
 # A farm's events, each written only if its id is new, so a replayed batch adds nothing twice. One call
 # per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event. Fenced by the
 # writer's epoch (ARGV[1], KEYS[4]: fencing.model.lease) when it is > 0. Which ids are new comes from
 # one HMGET, and the new ones go into the hash and the time index with one HSET and one ZADD: a
 # command per event each was ~2 µs more of Redis CPU per event (AOF on); the live stream still takes
 # one XADD per event, in the events' order. At most LOG_CHUNK events a call (Lua's unpack limit: 8000).
-_ADD_EVENTS = FENCE_PRELUDE + """
-local ids = {}
-for i = 3, #ARGV, 3 do
-  ids[#ids + 1] = ARGV[i]
-end
-if #ids == 0 then
-  return {}
-end
-local known = redis.call('HMGET', KEYS[1], unpack(ids))
+_ADD_EVENTS = FENCE_PRELUDE + _known_ids(3, 3) + """
 local fields, scores, seen, flags = {}, {}, {}, {}
 for j = 1, #ids do
   local id, i = ids[j], 3 * j
@@ -54,23 +62,13 @@ LOG_CHUNK = 2000
 
 # Which of a farm's events are not in its log yet (1/0 per id in ARGV[2..]); fenced like _ADD_EVENTS
 # (KEYS[2] = the epoch mark), so a job that lost its lease produces nothing to Kafka either.
-_UNSEEN = FENCE_PRELUDE + """
-local ids = {}
-for i = 2, #ARGV do
-  ids[#ids + 1] = ARGV[i]
-end
-if #ids == 0 then
-  return {}
-end
-local known = redis.call('HMGET', KEYS[1], unpack(ids))
+_UNSEEN = FENCE_PRELUDE + _known_ids(2, 1) + """
 local flags = {}
 for j = 1, #ids do
   flags[j] = known[j] and 0 or 1
 end
 return flags
 """
-
-
 
 
 def public_events(events: list[dict]) -> list[bytes]:
