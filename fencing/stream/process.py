@@ -92,7 +92,8 @@ def process_partition(ctx: ProcessContext, batches, partition: int | None = None
         if reports.num_rows:
             history.write_batch(ctx.history_dir, ctx.version, partition, reports)
             for part in device_chunks(reports, DEVICE_CHUNK):   # devices are independent of each other
-                events, publics, part_stats = _process_reports(ctx, partition, part)
+                with worker_gc.collector_paused():
+                    events, publics, part_stats = _process_reports(ctx, partition, part)
                 evs[0] += [p.decode() for p in publics]
                 evs[1] += [e.fence_id for e in events]
                 evs[2] += [e.ts for e in events]

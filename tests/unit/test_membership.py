@@ -213,16 +213,18 @@ def test_ring_test_decides_or_defers_to_geos():
     assert truth[unsure].all()                                       # the midpoints are on the boundary
 
 
-def test_matched_sets_number_each_points_fences_as_one_set():
+@pytest.mark.parametrize("fences, most", [(40, 3), (100_000, 8)])   # a point in up to `most` of `fences`
+def test_matched_sets_number_each_points_fences_as_one_set(fences, most):
     """fencing.stream.process._matched_sets: per point, exactly the fences it matched (empty set: none),
     one shared frozenset per distinct combination."""
     import numpy as np
     from fencing.stream.process import _matched_sets
 
     rng = np.random.default_rng(3)
-    names = np.array([f"farm/f{i}" for i in range(40)], dtype=object)
+    names = np.array([f"farm/f{i}" for i in range(fences)], dtype=object)
     n = 500
-    truth = [sorted(rng.choice(40, size=rng.integers(0, 4), replace=False).tolist()) for _ in range(n)]
+    pool = rng.choice(fences, size=min(fences, 12), replace=False)     # few fences: sets repeat
+    truth = [sorted(rng.choice(pool, size=rng.integers(0, most + 1), replace=False).tolist()) for _ in range(n)]
     point_idx = np.array([p for p, fs in enumerate(truth) for _ in fs], dtype=np.int64)
     codes = np.array([f for fs in truth for f in fs], dtype=np.int64)
     sets, set_of_point = _matched_sets(n, point_idx, codes, names)

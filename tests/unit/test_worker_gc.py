@@ -39,3 +39,23 @@ def test_full_collections_are_timed_and_young_ones_ignored():
     finally:
         gc.callbacks.remove(pauses.callback)
     assert pauses.count == 1 and 0 < pauses.max_s == pauses.seconds
+
+
+def test_the_collector_is_paused_inside_a_task_and_back_after_it_even_on_an_error():
+    assert gc.isenabled()
+    with worker_gc.collector_paused():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    try:
+        with worker_gc.collector_paused():
+            raise KeyError("a task failed")
+    except KeyError:
+        pass
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with worker_gc.collector_paused():      # a process that had it off keeps it off
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
