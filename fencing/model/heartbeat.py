@@ -36,6 +36,7 @@ class PartitionStats:
     redis_local: int = 0                  # pipelined Redis commands sent to the task's own node
     redis_cross: int = 0                  # ... and to other nodes (the Amoeba figure)
     fences_cached: int = 0
+    worker_pid: int = 0                   # the Python worker that ran it (which pool a stage meets)
     groups: dict[str, float] = field(default_factory=dict)         # points per cell group
     stage_s: dict[str, float] = field(default_factory=dict)        # seconds per step of the task
     # set by the elastic wrapper (fencing.elastic.controller.elastic_process)

@@ -5,6 +5,7 @@ pings and the partition's load statistics go back to the driver as rows.
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ def process_partition(ctx: ProcessContext, batches, partition: int | None = None
                 stats = _merged(stats, part_stats) if stats.points else part_stats
                 del events, part_stats
     stats.seconds = round(time.perf_counter() - started, 4)
+    stats.worker_pid = os.getpid()
     side.append((OUT_KIND_STATS, stats.to_json()))
     n, m = len(evs[0]), len(side)
     yield pa.RecordBatch.from_arrays([
