@@ -81,9 +81,10 @@ class FenceCache:
 
     def refresh(self, redis, groups: list[str]) -> int:
         """Bring the given groups up to date; returns the number of Redis commands sent. The first
-        call of a preloading cache (the job's, `PRELOAD`) loads every group: Spark hands any routed partition to any idle
-        Python worker, so each worker meets nearly every group anyway, and one bulk load builds each
-        shard once instead of rebuilding shards batch after batch as new groups trickle in."""
+        call of a preloading cache (the job's, `PRELOAD`) loads every group, and so does any later call that
+        names a group the cache never held: Spark hands any routed partition to any idle Python worker,
+        so each worker meets nearly every group anyway, and one bulk load builds each shard once instead
+        of rebuilding shards batch after batch as new groups trickle in."""
         if not groups:
             return 0
         sent = 0
