@@ -14,6 +14,10 @@ from typing import Iterable, Sequence
 import orjson
 
 DEFAULT_TIMEOUT_S = 5.0
+# KafkaWriter's callers flush after each call, and a flush sends at once whatever linger says (librdkafka
+# ≥ 1.5): linger only lets one call's records fill fewer, larger batches while they are queued. 320k
+# events into the embedded broker: 1.64–2.01 s and 1.9 core-s at 2 ms → 1.24–1.30 s and 1.3 core-s at 50.
+FLUSHED_LINGER_MS = 50
 log = logging.getLogger("herdfence.kafka")
 
 
@@ -30,7 +34,7 @@ class KafkaWriter:
         ms = int(timeout_s * 1000)
         self._producer = Producer({
             "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
-            "linger.ms": 2, "queue.buffering.max.messages": 1_000_000,
+            "linger.ms": FLUSHED_LINGER_MS, "queue.buffering.max.messages": 1_000_000,
             # a delivery callback for failed records only: one Python call per record cost the
             # driver ~1 µs each at tens of thousands of events a batch
             "delivery.report.only.error": True,
@@ -40,7 +44,7 @@ class KafkaWriter:
         })
         self._lock = threading.Lock()  # flush() is per producer: serialize batches of callers
 
-    def produce_records(self, topic: str, records: Iterable[tuple[bytes | str | None, bytes]]) -> int:
+    def produce_records(self, topic: str, records: Iterable[tuple[bytes | str | None, bytes | str]]) -> int:
         """Send (key, value) pairs and block until every one is acknowledged; raise
         BrokerUnavailable otherwise. Returns the number acknowledged."""
         errors: list[str] = []
@@ -57,7 +61,7 @@ class KafkaWriter:
                                     + (f": {errors[0]}" if errors else " in time"))
         return sent
 
-    def _enqueue(self, topic: str, records: Iterable[tuple[bytes | str | None, bytes]], on_delivery) -> int:
+    def _enqueue(self, topic: str, records: Iterable[tuple[bytes | str | None, bytes | str]], on_delivery) -> int:
         """Queue every record in librdkafka (waiting while its local queue is full); the count queued."""
         sent = 0
         for key, value in records:
@@ -120,7 +124,9 @@ class ReportProducer(KafkaWriter):
 
     def __init__(self, bootstrap: str, topic: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         from fencing.config import TOPIC_REPORTS
-        super().__init__(bootstrap, timeout_s, **{"delivery.report.only.error": False})
+        # no flush here (each request waits for its own acknowledgements): a short linger, which
+        # still packs concurrent requests into shared record batches
+        super().__init__(bootstrap, timeout_s, **{"delivery.report.only.error": False, "linger.ms": 2})
         self.topic = topic or TOPIC_REPORTS
         self._closed = threading.Event()
         # delivery callbacks run on whichever thread polls: one daemon thread serves them all. It holds
@@ -128,7 +134,7 @@ class ReportProducer(KafkaWriter):
         threading.Thread(target=_serve_callbacks, args=(weakref.ref(self),), name="report-producer-poll",
                          daemon=True).start()
 
-    def produce_records(self, topic: str, records: Iterable[tuple[bytes | str | None, bytes]]) -> int:
+    def produce_records(self, topic: str, records: Iterable[tuple[bytes | str | None, bytes | str]]) -> int:
         acks = _Acks()
         sent = self._enqueue(topic, records, acks.on_delivery)
         acks.all_queued(sent)

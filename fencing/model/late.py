@@ -17,6 +17,8 @@ re-runs the replay over all kept fixes and only new excursions come out: exactly
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fencing.model.fence_store import FenceRules
 from fencing.model.transitions import DEFAULT_RULES, LATE_HORIZON_MS, DeviceState, Event, make_event
 
@@ -24,12 +26,16 @@ MAX_LATE_FIXES = 96
 MAX_EMITTED = 128
 
 
-def confirmed_inside(state: DeviceState, uid: str, t: int) -> bool:
-    """Whether the device was confirmed inside `uid` at time t, as far as its state remembers."""
+def confirmed_inside(state: DeviceState, uid: str) -> "Callable[[int], bool]":
+    """Whether the device was confirmed inside `uid` at a time, as far as its state remembers: a test
+    of t, with the stays of `uid` picked out once (a replay asks it for every kept fix)."""
     current = state.fences.get(uid)
-    if current is not None and current.inside and current.since is not None and current.since <= t:
-        return True
-    return any(s[0] == uid and s[1] <= t < s[2] for s in state.stays)
+    since = current.since if current is not None and current.inside else None
+    spans = [(s[1], s[2]) for s in state.stays if s[0] == uid]
+
+    def at(t: int) -> bool:
+        return (since is not None and since <= t) or any(a <= t < b for a, b in spans)
+    return at
 
 
 def replay(state: DeviceState, device_id: str, fixes: list[tuple[int, float, float, frozenset[str]]],
@@ -63,8 +69,9 @@ def _excursions(state: DeviceState, device_id: str, uid: str, rule: FenceRules) 
     out: list[Event] = []
     away, streak, t0 = False, 0, 0
     departure = None
+    inside_at = confirmed_inside(state, uid)
     for t, lat, lon, fences in state.late:
-        base = confirmed_inside(state, uid, t)
+        base = inside_at(t)
         disagree = (uid in fences and rule.active(t)) != base
         if disagree == away:
             streak = 0

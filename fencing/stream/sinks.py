@@ -97,8 +97,8 @@ def event_records(events: pa.Table, chunk: int = EVENT_CHUNK):
     order = pc.sort_indices(events, sort_keys=[("ts", "ascending"), ("eid", "ascending")])
     for start in range(0, len(order), chunk):
         part = events.take(order[start:start + chunk])
-        for key, value in zip(part.column("key").to_pylist(), part.column("payload").to_pylist()):
-            yield key.encode(), value.encode()
+        # str as it is: the producer copies its UTF-8 bytes itself (no bytes object per key and value)
+        yield from zip(part.column("key").to_pylist(), part.column("payload").to_pylist())
 
 
 class EventLog:

@@ -17,9 +17,9 @@ def _events(rows: list[tuple[int, str, str]]) -> pa.Table:
 
 def test_records_by_time_then_id_in_any_chunk_size():
     rows = [(30, "b", "f1"), (10, "z", "f2"), (30, "a", "f3"), (20, "c", "f1"), (10, "y", "f9")]
-    want = [(b"f9", b'{"event_id":"y","ts":10}'), (b"f2", b'{"event_id":"z","ts":10}'),
-            (b"f1", b'{"event_id":"c","ts":20}'), (b"f3", b'{"event_id":"a","ts":30}'),
-            (b"f1", b'{"event_id":"b","ts":30}')]
+    want = [("f9", '{"event_id":"y","ts":10}'), ("f2", '{"event_id":"z","ts":10}'),
+            ("f1", '{"event_id":"c","ts":20}'), ("f3", '{"event_id":"a","ts":30}'),
+            ("f1", '{"event_id":"b","ts":30}')]
     for chunk in (1, 2, 5, 100):
         assert list(event_records(_events(rows), chunk)) == want
 
