@@ -67,6 +67,29 @@ def test_long_commands_are_split_to_fit_the_fenced_script(stack):
     assert redis.hlen(key) == 20_000 and redis.hget(key, "d19999") == "19999"
 
 
+def test_fenced_writes_land_once_with_their_answers_when_masters_lost_the_script(stack):
+    """A master that lost the fencing script (a failover to a replica that never loaded it) fails the
+    pipelined EVALSHA with NOSCRIPT: each such write runs again alone, loading the script, and its
+    answer is that run's."""
+    redis = stack.redis
+    tag = time.time_ns()
+    keys_ = [f"fenced:{{leasetest-{tag}-{i}}}" for i in range(12)]          # spread over every master
+    pipe = NodePipeline(redis, epoch=4)
+    at = [pipe.hset(key, {"cow": "v4", "calf": "v4"}) for key in keys_]
+    counters = [pipe.command(key + ":n", "INCRBY", key + ":n", 5) for key in keys_]
+    for node in redis.get_primaries():             # after the script was loaded for the pipeline
+        node.redis_connection.script_flush()
+    answers = pipe.execute()
+    assert [answers[i] for i in at] == [2] * len(keys_)
+    assert [answers[i] for i in counters] == [5] * len(keys_)         # each INCRBY ran exactly once
+    assert all(redis.hgetall(key) == {"cow": "v4", "calf": "v4"} for key in keys_)
+    assert all(redis.get(epoch_key(key)) == "4" for key in keys_)
+    stale = NodePipeline(redis, epoch=3)
+    stale.hset(keys_[0], {"cow": "v3"})
+    with pytest.raises(ResponseError, match="FENCED"):
+        stale.execute()
+
+
 def test_the_lease_is_held_renewed_and_taken_over_with_the_next_epoch(stack):
     redis = stack.redis
     tag = f"leasetest-{time.time_ns()}"
