@@ -81,6 +81,7 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
     job's drain rate and the latency is mostly queueing behind the backlog; paced below the drain rate,
     the latency is the job's own (report sent → event visible)."""
     from loadgen import plots
+    from loadgen.bench_cpu import CpuSampler
     from loadgen.bench_load import batch_summary, handled, load_simulation, read_events, stream_and_wait, \
         wait_until_warm
     from loadgen.herd import SimConfig, simulate
@@ -126,10 +127,14 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         redis_bytes["warm"] = bench_memory.masters_used_memory(redis)
         reports = sim.reports.copy()
         reports["device_id"] = loaded.device_prefix + reports["device_id"].astype(str)
+        cpu = CpuSampler(stack.settings)          # the measured run only: its roles resolved first
+        cpu.resolve()
+        cpu.start()
         # a batch of up to 1M reports (HERDFENCE_MAX_OFFSETS_PER_TRIGGER) beats once, after minutes on a
         # busy 2-core machine: no heartbeat for 180 s is not a stall in a run of millions (issue 23)
         wstats, t_first, t_done, sampler, base = stream_and_wait(stack, reports, progress=progress, rate=rate,
                                                                  stall_timeout_s=max(180.0, len(reports) / 2_000))
+        cpu.stop()
         redis_bytes["run"] = bench_memory.masters_used_memory(redis)
         mem = memory.stop()
         observed = read_events(redis, sorted(set(loaded.farm_of.values())))
@@ -194,6 +199,8 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         "workers_warm": warm_wait["warm"],
         "vectorized_limit_pairs": int(limit_pairs),
         "memory": mem,
+        # core-seconds per part of the stack over the measured window (loadgen.bench_cpu)
+        "cpu": cpu.window(t_first, t_done) if t_done else {},
         "stack": stack_info, "machine": machine(), "command": command,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

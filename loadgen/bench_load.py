@@ -14,7 +14,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from fencing.model import keys
-from fencing.model.heartbeat import Heartbeat, read_heartbeat
+from fencing.model.heartbeat import Heartbeat, Progress, read_heartbeat, read_progress
 from loadgen.bench_stack import say
 from loadgen.herd import Simulation
 
@@ -95,27 +95,29 @@ def load_simulation(redis, sim: Simulation, progress: bool = True, warm_devices=
 
 
 class HeartbeatSampler(threading.Thread):
-    """Polls the job's heartbeat; keeps one sample per distinct batch (time, points_total, stats)."""
+    """Polls the job's progress (a small record); keeps the whole heartbeat of each distinct batch
+    (time, points_total, stats), read once when the batch id changes."""
 
     def __init__(self, redis, interval: float = 0.1):
         super().__init__(daemon=True)
         self.redis, self.interval = redis, interval
         self.beats: list[Heartbeat] = []
         self._halt = threading.Event()
-        self.latest: Heartbeat | None = None
+        self.latest: Progress | None = None
 
     def run(self) -> None:
         seen = None
         while not self._halt.is_set():
             try:
-                beat = read_heartbeat(self.redis)
+                progress = read_progress(self.redis)
+                beat = read_heartbeat(self.redis) if progress is not None and progress.batch_id != seen else None
             except Exception:  # noqa: BLE001 - a Redis hiccup: keep sampling
-                beat = None
-            if beat is not None:
-                self.latest = beat
-                if beat.batch_id != seen:
-                    seen = beat.batch_id
-                    self.beats.append(beat)
+                progress = beat = None
+            if beat is not None and beat.batch_id != seen:     # (the beat may be a newer batch's)
+                seen = beat.batch_id
+                self.beats.append(beat)
+            if progress is not None:
+                self.latest = progress
             self._halt.wait(self.interval)
 
     def stop(self) -> None:
@@ -123,7 +125,7 @@ class HeartbeatSampler(threading.Thread):
         self.join(5)
 
 
-def handled(beat: Heartbeat | None) -> int:
+def handled(beat: Heartbeat | Progress | None) -> int:
     """Reports the job is done with: processed, or shed under load (elastic load shedding drops only
     reports that cannot change any fence state; they are counted apart, not lost)."""
     return beat.handled_total if beat is not None else 0

@@ -47,6 +47,7 @@ ROUTING = "routing"                  # string JSON routing table {"version", "ro
 # the job's own keys share the lease's slot ({job}): fenced against the lease's epoch itself
 JOB_HEARTBEAT = "{job}:heartbeat"    # string JSON: the last batch (fencing.model.heartbeat)
 JOB_HEARTBEAT_LOG = "{job}:heartbeat:log"   # list: the last heartbeats, newest first
+JOB_PROGRESS = "{job}:progress"      # string JSON: the last batch's id, time and totals (for pollers)
 JOB_PING = "{{job}}:ping:{}"          # set when the job has read a control ping from gps.reports
 APIKEY = "apikey:{}"                 # apikey:<sha256 hex> -> farm_id
 DEVTOKEN = "devtoken:{}"             # devtoken:<sha256 hex> -> "farm_id\tdevice_id"

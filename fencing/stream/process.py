@@ -106,10 +106,14 @@ def process_partition(ctx: ProcessContext, batches, partition: int | None = None
     stats.worker_pid = os.getpid()
     side.append((OUT_KIND_STATS, stats.to_json()))
     n, m = len(evs[0]), len(side)
+    if n:       # the events apart from the few side rows: a wrapper that edits the stats row (the
+        # elastic one) then never turns the events' JSON into Python strings and back
+        yield pa.RecordBatch.from_arrays([pa.array(np.full(n, OUT_KIND_EVENT, np.int8)), pa.array(evs[0], pa.string()),
+                                          pa.array(evs[1], pa.string()), pa.array(evs[2], pa.int64()),
+                                          pa.array(evs[3], pa.string())], schema=OUTPUT)
     yield pa.RecordBatch.from_arrays([
-        pa.array(np.r_[np.full(n, OUT_KIND_EVENT, np.int8), np.array([k for k, _ in side], np.int8)]),
-        pa.array(evs[0] + [p for _, p in side], pa.string()), pa.array(evs[1] + [None] * m, pa.string()),
-        pa.array(evs[2] + [None] * m, pa.int64()), pa.array(evs[3] + [None] * m, pa.string())], schema=OUTPUT)
+        pa.array(np.array([k for k, _ in side], np.int8)), pa.array([p for _, p in side], pa.string()),
+        pa.nulls(m, pa.string()), pa.nulls(m, pa.int64()), pa.nulls(m, pa.string())], schema=OUTPUT)
 
 
 # A task works on at most this many devices at a time: its memory is bounded by this, not by how many

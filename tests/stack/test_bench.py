@@ -49,6 +49,17 @@ def test_push_bench_is_exact(stack, tmp_path):
     redis = memory["redis"]
     assert redis["used_memory"]["run"] > redis["used_memory"]["start"]
     assert 0 < redis["family_bytes_per_device"]["state"] < 2000 and redis["event_bytes"] > 0
+    cpu = result["cpu"]                  # where the CPU went over the measured window, from /proc
+    assert 0 < cpu["window_s"] and 0 < cpu["busy_cores"] <= cpu["cores"]
+    for role in ("workers", "jvm", "driver", "redis", "bench"):
+        assert cpu["core_seconds"][role] > 0, cpu
+    # the small progress record pollers read is the last heartbeat's
+    from fencing.model.heartbeat import read_heartbeat, read_progress
+    for _ in range(5):                   # (a batch may end between the two reads)
+        progress, beat = read_progress(stack.redis), read_heartbeat(stack.redis)
+        if progress == beat.progress():
+            break
+    assert progress == beat.progress() and progress.points_total >= 5000
 
 
 def test_push_bench_with_sparse_late_collars_is_exact(stack, tmp_path):

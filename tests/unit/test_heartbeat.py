@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 from pathlib import Path
 
 import orjson
@@ -48,3 +49,11 @@ def test_heartbeat_readers_use_the_typed_record():
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("job:heartbeat", "{job}:heartbeat")):
                 offenders.append(f"{rel}:{node.lineno}")
     assert not offenders, offenders
+
+
+def test_the_progress_record_carries_what_pollers_wait_for():
+    beat = Heartbeat(batch_id=7, time=12.5, points_total=900, shed_total=100,
+                     partitions=[PartitionStats(0, points=900, groups={f"g{i}": 1.0 for i in range(5000)})])
+    progress = beat.progress()
+    assert (progress.batch_id, progress.time, progress.handled_total) == (7, 12.5, beat.handled_total) == (7, 12.5, 1000)
+    assert len(orjson.dumps(dataclasses.asdict(progress))) < 200 < len(beat.to_json())
