@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from loadgen.bench_memory import _children, _cmdline, job_processes, stack_pids
+from loadgen.bench_memory import children_by_parent, cmdline, descendants, job_processes, stack_pids
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 ROLES = ("workers", "jvm", "driver", "standby", "redis", "broker", "broker_store", "api", "stack_other", "bench",
@@ -46,15 +46,6 @@ def _environ_home(pid: int) -> str:
     return ""
 
 
-def _tree(root: int, tree: dict[int, list[int]]) -> list[int]:
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo += tree.get(pid, [])
-    return out
-
-
 @dataclass
 class Snapshot:
     time: float
@@ -77,8 +68,8 @@ class CpuSampler(threading.Thread):
     def resolve(self) -> None:
         """Assign the stack's processes (and this bench's) to roles; anything else is `other`."""
         from deploy import stack as deploy_stack
-        tree = _children()
-        roles: dict[int, str] = {p: "bench" for p in _tree(os.getpid(), tree)}    # the stack's roles win
+        tree = children_by_parent()
+        roles: dict[int, str] = {p: "bench" for p in descendants(os.getpid(), tree)}    # the stack's roles win
         try:
             job_pid, redis_pids = stack_pids(self.settings)
             comps = deploy_stack.status(self.settings)["components"]
@@ -88,7 +79,7 @@ class CpuSampler(threading.Thread):
             roles[pid] = "redis"
         for name, role in (("broker", "broker"), ("api", "api")):
             pid = (comps.get(name) or {}).get("pid")
-            for p in _tree(int(pid), tree) if pid else ():
+            for p in descendants(int(pid), tree) if pid else ():
                 roles[p] = role
         home = str(self.settings.home)
         for entry in os.listdir("/proc"):
@@ -97,9 +88,9 @@ class CpuSampler(threading.Thread):
             pid = int(entry)
             if _environ_home(pid) != home:
                 continue
-            cmd = _cmdline(pid)
+            cmd = cmdline(pid)
             if "fencing.stream.job" in cmd and pid != job_pid:
-                for p in _tree(pid, tree):
+                for p in descendants(pid, tree):
                     roles[p] = "standby"
             elif "deploy.objectstore" in cmd:
                 roles[pid] = "broker_store"
@@ -152,7 +143,7 @@ def cpu_window(snapshots: list[Snapshot], role_of: dict[int, str], start: float,
     for pid, ticks in b.ticks.items():
         used[role_of.get(pid, "other")] += max(0, ticks - a.ticks.get(pid, 0)) * TICK_S
     seconds = b.time - a.time
-    cores = (os.cpu_count() or 1)
+    cores = os.cpu_count() or 1
     busy = (b.machine_busy - a.machine_busy) / max(1, b.machine_total - a.machine_total) * cores
     return {"window_s": round(seconds, 2), "cores": cores, "busy_cores": round(busy, 2),
             "core_seconds": {k: round(v, 2) for k, v in used.items()}}

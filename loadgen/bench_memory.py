@@ -25,14 +25,14 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
-def _cmdline(pid: int) -> str:
+def cmdline(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
 
 
-def _children() -> dict[int, list[int]]:
+def children_by_parent() -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -46,21 +46,27 @@ def _children() -> dict[int, list[int]]:
     return out
 
 
+def descendants(root: int, tree: dict[int, list[int]]) -> list[int]:
+    """`root` and every process under it (`tree`: children_by_parent())."""
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += tree.get(pid, [])
+    return out
+
+
 def job_processes(job_pid: int) -> dict[str, list[int]]:
     """The job's process tree by role: `driver` (the job's Python process), `jvm` (its Spark JVM),
     `workers` (every Python process under the JVM: the pyspark daemon, its workers, the data source's
     runner)."""
-    tree = _children()
     roles: dict[str, list[int]] = {"driver": [job_pid], "jvm": [], "workers": []}
-    stack = list(tree.get(job_pid, []))
-    while stack:
-        pid = stack.pop()
-        cmd = _cmdline(pid)
+    for pid in descendants(job_pid, children_by_parent())[1:]:
+        cmd = cmdline(pid)
         if "java" in cmd.split(" ", 1)[0]:
             roles["jvm"].append(pid)
         elif "python" in cmd:
             roles["workers"].append(pid)
-        stack += tree.get(pid, [])
     return roles
 
 
