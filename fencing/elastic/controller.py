@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 import orjson
@@ -286,9 +286,9 @@ class Controller:
         self.beats = []
         self.last_window = window
         decision = self.analyze_and_act(window, cfg)
-        record = {**asdict(window), "imbalance": round(window.imbalance, 3), "step": self.steps,
-                  "action": bool(decision)}
-        record.pop("groups"), record.pop("children")
+        # the window's fields without its per-group counts (not copied first: thousands of groups)
+        record = {f.name: getattr(window, f.name) for f in fields(window) if f.name not in ("groups", "children")}
+        record.update(imbalance=round(window.imbalance, 3), step=self.steps, action=bool(decision))
         self.redis.lpush(HISTORY_KEY, orjson.dumps(record))
         self.redis.ltrim(HISTORY_KEY, 0, HISTORY_MAX - 1)
         self._status(cfg)

@@ -46,7 +46,9 @@ class PartitionStats:
     shed: int = 0                         # reports shed (dropped, counted) under overload
 
     def to_json(self) -> str:
-        return orjson.dumps(dataclasses.asdict(self)).decode()
+        # orjson writes a dataclass itself: dataclasses.asdict deep-copies `groups` and `children` first
+        # (at 100k fences ~40x slower, in every task's stats row and the driver's heartbeat)
+        return orjson.dumps(self).decode()
 
     @classmethod
     def from_json(cls, raw: str | bytes | dict) -> "PartitionStats":
@@ -62,7 +64,7 @@ class ReaderTiming:
     prepare_s: float = 0.0
 
     def to_json(self) -> str:
-        return orjson.dumps(dataclasses.asdict(self)).decode()
+        return orjson.dumps(self).decode()
 
     @classmethod
     def from_json(cls, raw: str | bytes | dict) -> "ReaderTiming":
@@ -104,7 +106,7 @@ class Heartbeat:
         return self.points_total + self.shed_total
 
     def to_json(self) -> bytes:
-        return orjson.dumps(dataclasses.asdict(self))
+        return orjson.dumps(self)       # the same JSON as asdict's, without its deep copy (~0.5 s at 2 MB)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -126,7 +128,7 @@ class Heartbeat:
         raw = self.to_json()
         pipe = NodePipeline(redis, epoch)
         pipe.command(keys.JOB_HEARTBEAT, "SET", keys.JOB_HEARTBEAT, raw)
-        pipe.command(keys.JOB_PROGRESS, "SET", keys.JOB_PROGRESS, orjson.dumps(dataclasses.asdict(self.progress())))
+        pipe.command(keys.JOB_PROGRESS, "SET", keys.JOB_PROGRESS, orjson.dumps(self.progress()))
         # recent beats (the elastic scenario reads them)
         pipe.command(keys.JOB_HEARTBEAT_LOG, "LPUSH", keys.JOB_HEARTBEAT_LOG, raw)
         pipe.command(keys.JOB_HEARTBEAT_LOG, "LTRIM", keys.JOB_HEARTBEAT_LOG, 0, HEARTBEAT_LOG_MAX - 1)

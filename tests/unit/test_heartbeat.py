@@ -17,6 +17,10 @@ def test_a_heartbeat_round_trips_with_its_partitions_and_readers():
                      partitions=[PartitionStats(0, points=200, groups={"g1": 200}, stage_s={"write": 0.1}),
                                  PartitionStats(1, points=100, shed=5, children={"g2": {"#0": 3.0}})],
                      points_total=1000, shed_total=5, readers=[ReaderTiming(300, 0.01, 0.02)])
+    # written by orjson from the dataclasses themselves: the same JSON as their dict form, nested
+    # partitions and readers included (what readers of earlier versions parse)
+    assert beat.to_json() == orjson.dumps(dataclasses.asdict(beat))
+    assert beat.partitions[1].to_json() == orjson.dumps(dataclasses.asdict(beat.partitions[1])).decode()
     back = Heartbeat.from_json(beat.to_json())
     assert back == beat
     assert back.handled_total == 1005
