@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 
 from api import answers, invalidation
-from fencing.model.heartbeat import read_heartbeat
+from fencing.model.heartbeat import read_heartbeat, read_log_gaps
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
@@ -143,6 +143,12 @@ def _job_metrics(redis) -> list[str]:
     out = ["herdfence_job_up 1"]
     for name, value in gauges.items():
         out += [f"# TYPE {name} gauge", f"{name} {value}"]
+    gaps = read_log_gaps(redis)
+    out += ["# HELP herdfence_broker_log_gaps_total Gaps in gps.reports (offsets no record holds) the job skipped.",
+            "# TYPE herdfence_broker_log_gaps_total counter", f"herdfence_broker_log_gaps_total {len(gaps)}",
+            "# HELP herdfence_broker_log_gap_offsets_total Offsets inside those gaps.",
+            "# TYPE herdfence_broker_log_gap_offsets_total counter",
+            f"herdfence_broker_log_gap_offsets_total {sum(g['end'] - g['start'] for g in gaps)}"]
     out += ["# HELP herdfence_partition_points Points per routed partition in the last micro-batch.",
             "# TYPE herdfence_partition_points gauge"]
     for part in beat.partitions:

@@ -125,6 +125,31 @@ class _Pinger:
             return False
 
 
+def job_activity(redis) -> dict:
+    """What the job is doing: the batch it runs now ("running": id, seconds, planned end offsets) or
+    none, and the last batch it finished ("last_batch"). What `up` names while it waits."""
+    from fencing.model.heartbeat import read_progress, read_running_batch
+    running, done = read_running_batch(redis), read_progress(redis)
+    out: dict = {"last_batch": done.batch_id if done else None}
+    if running is not None and (done is None or running.batch_id > done.batch_id):
+        out["running"] = {"batch_id": running.batch_id, "seconds": round(time.time() - running.started, 1),
+                          "planned_ends": running.planned_ends}
+    return out
+
+
+def _job_waiting_note(settings: Settings) -> str:
+    """'; the job runs batch 19 for 42 s (gps.reports ends {...})', or '' when there is nothing to say."""
+    try:
+        activity = job_activity(redis_cluster.connect(settings))
+    except Exception:  # noqa: BLE001 - Redis away: say nothing more
+        return ""
+    running = activity.get("running")
+    if running is None:
+        return "" if activity["last_batch"] is None else f"; the job's last batch was {activity['last_batch']}"
+    return (f"; the job has run batch {running['batch_id']} for {running['seconds']:.0f} s, reading {TOPIC_REPORTS} "
+            f"up to offsets {running['planned_ends']} (see {procs.log_path(settings, JOB)})")
+
+
 def wait_ready(settings: Settings, timeout: float = READY_TIMEOUT_S,
                supervisor: Supervisor | None = None) -> None:
     """Until the API answers /healthz and the job has completed a micro-batch (answered a ping).
@@ -155,11 +180,13 @@ def wait_ready(settings: Settings, timeout: float = READY_TIMEOUT_S,
         if now - start > timeout:
             waiting = [w for w, ok in (("the API's /healthz", api_ok), ("the job's first micro-batch",
                                                                          job_ok)) if not ok]
-            raise DeployError(f"not ready after {timeout:.0f} s: still waiting for {' and '.join(waiting)};"
+            note = _job_waiting_note(settings) if not job_ok else ""
+            raise DeployError(f"not ready after {timeout:.0f} s: still waiting for {' and '.join(waiting)}{note};"
                               f" logs in {settings.run_dir}; the stack is left running (herdfence down)")
         if now - last_note >= 10:
             what = "API" if not api_ok else "first micro-batch of the job"
-            _say(f"waiting for the {what} ({now - start:.0f} s)")
+            note = _job_waiting_note(settings) if api_ok and now - start >= 30 else ""
+            _say(f"waiting for the {what} ({now - start:.0f} s){note}")
             last_note = now
         time.sleep(0.5)
 
@@ -309,6 +336,14 @@ def status(settings: Settings) -> dict:
     comps: dict[str, dict] = {"broker": broker.status(settings), "redis": redis_cluster.status(settings)}
     comps.update(spark_cluster.status(settings))
     comps.update(_job_status(settings))
+    try:
+        from fencing.model.heartbeat import read_log_gaps
+        redis = redis_cluster.connect(settings)
+        comps[JOB].update(job_activity(redis))
+        # offsets of gps.reports that no record held and the job skipped (ingest/kafka_read.py)
+        comps["broker"]["log_gaps"] = read_log_gaps(redis)
+    except Exception:  # noqa: BLE001 - Redis away: the components say so themselves
+        pass
     if settings.spark_master:
         comps[JOB]["spark_master"] = settings.spark_master
     api = _proc_status(settings, API)

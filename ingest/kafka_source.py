@@ -196,6 +196,12 @@ class LogEndProbe:
             hw = self.consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
             fresh[p] = max(fresh.get(p, 0), hw, m.offset() + 1)
             pending.discard(p)
+        for p in pending:
+            # answered with no record and no EOF: the position is in a gap at the log's tail (a produce
+            # cut off by a crash, ingest/kafka_read.py); the answer's log end is the end
+            hw = self.consumer.get_watermark_offsets(TopicPartition(topic, p), cached=True)[1]
+            if hw > self.known.get(p, -1):
+                fresh[p] = hw
         idle = all(fresh.get(p, -1) <= self.known.get(p, -1) for p in parts)
         self.known.update(fresh)  # a partition that did not answer keeps its last known end
         if idle:

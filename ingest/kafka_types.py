@@ -26,6 +26,25 @@ class DataLossError(RuntimeError):
 
 
 @dataclass(frozen=True)
+class LogGap:
+    """Offsets [start, end) of a partition, inside a planned range, that no record holds: a reader
+    skipped them. On the embedded broker such a gap is a produce cut off by a crash, never
+    acknowledged: Tansu raises a partition's high watermark before it writes the record object, and
+    answers the producer only after both (docs/operations.md, "Gaps in the broker's log")."""
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+    @property
+    def offsets(self) -> int:
+        return self.end - self.start
+
+    def to_dict(self) -> dict:
+        return {"topic": self.topic, "partition": self.partition, "start": self.start, "end": self.end}
+
+
+@dataclass(frozen=True)
 class KafkaRange(InputPartition):
     """One input partition: offsets [start, end) of one Kafka partition. Picklable, self-contained
     (executors know nothing else)."""

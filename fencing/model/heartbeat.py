@@ -62,6 +62,7 @@ class ReaderTiming:
     records: int = 0
     read_s: float = 0.0
     prepare_s: float = 0.0
+    gaps: list[dict] = field(default_factory=list)    # log gaps skipped (ingest.kafka_types.LogGap)
 
     def to_json(self) -> str:
         return orjson.dumps(self).decode()
@@ -99,6 +100,7 @@ class Heartbeat:
     holder: str = ""                      # the job process that wrote it (host:pid)
     active_since: float = 0.0             # when that process took the lease (epoch seconds)
     lease_gap_ms: float = 0.0             # the longest time between two lease renewals since the last beat
+    log_gaps: list[dict] = field(default_factory=list)   # gaps in gps.reports the batch's readers skipped
 
     @property
     def handled_total(self) -> int:
@@ -132,6 +134,10 @@ class Heartbeat:
         # recent beats (the elastic scenario reads them)
         pipe.command(keys.JOB_HEARTBEAT_LOG, "LPUSH", keys.JOB_HEARTBEAT_LOG, raw)
         pipe.command(keys.JOB_HEARTBEAT_LOG, "LTRIM", keys.JOB_HEARTBEAT_LOG, 0, HEARTBEAT_LOG_MAX - 1)
+        for gap in self.log_gaps:       # keyed by where it starts: a replayed batch records it once
+            field_ = f"{gap['topic']}:{gap['partition']}:{gap['start']}"
+            pipe.command(keys.JOB_LOG_GAPS, "HSET", keys.JOB_LOG_GAPS, field_,
+                         orjson.dumps({**gap, "batch_id": self.batch_id, "time": self.time}))
         pipe.execute()
 
 
@@ -157,6 +163,31 @@ def read_progress(redis) -> Progress | None:
         return Progress(**_known(Progress, orjson.loads(raw)))
     beat = read_heartbeat(redis)
     return beat.progress() if beat is not None else None
+
+
+def read_log_gaps(redis) -> list[dict]:
+    """Every gap in the job's input log that a reader skipped ({topic, partition, start, end, batch_id,
+    time}), oldest first."""
+    gaps = [orjson.loads(v) for v in (redis.hgetall(keys.JOB_LOG_GAPS) or {}).values()]
+    return sorted(gaps, key=lambda g: (g.get("time", 0), g["partition"], g["start"]))
+
+
+@dataclass
+class RunningBatch:
+    """The batch the job is working on: what `up` names while it waits for the job."""
+    batch_id: int
+    started: float
+    planned_ends: dict[str, int] = field(default_factory=dict)   # gps.reports partition → end offset
+
+    def write(self, redis, epoch: int = 0) -> None:
+        pipe = NodePipeline(redis, epoch)
+        pipe.command(keys.JOB_BATCH, "SET", keys.JOB_BATCH, orjson.dumps(self))
+        pipe.execute()
+
+
+def read_running_batch(redis) -> RunningBatch | None:
+    raw = redis.get(keys.JOB_BATCH)
+    return RunningBatch(**_known(RunningBatch, orjson.loads(raw))) if raw else None
 
 
 def read_heartbeat(redis) -> Heartbeat | None:

@@ -28,7 +28,8 @@ from pyspark.sql import DataFrame, SparkSession
 from fencing.config import TOPIC_REPORTS, Settings, load_settings
 from fencing.elastic import routing
 from fencing.model.fence_store import DELETED_FENCES
-from fencing.model.heartbeat import Heartbeat, PartitionStats, ReaderTiming
+from fencing.model.heartbeat import Heartbeat, PartitionStats, ReaderTiming, RunningBatch
+from fencing.model.offset_log import logged_offsets
 from fencing.model.lease import Lease, mark_standby
 from fencing.stream.prepare import unpack
 from fencing.stream.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
@@ -94,6 +95,8 @@ class BatchProcessor:
         if self.active_since and not self.batches_run:     # the take-over's timeline (issue 19)
             log.info("first batch %s starts %.2f s after this job took the lease", batch_id, started - self.active_since)
         self.batches_run += 1
+        # what `up` and `status` name while this batch runs (a batch that cannot finish says which)
+        RunningBatch(batch_id, started, logged_offsets(self.checkpoint, batch_id) or {}).write(self.redis, self.epoch)
         table = routing.load(self.redis)
         n = table.partitions
         host, port = self.settings.redis_node
@@ -157,7 +160,11 @@ class BatchProcessor:
             previous_trigger_ms=dict(progress[0].get("durationMs") or {}) if progress else {},
             spark_s=round(spark_s, 3), sinks_s=round(sinks_s, 3), readers=readers,
             epoch=self.epoch, holder=self.holder, active_since=self.active_since,
-            lease_gap_ms=self.lease.take_worst_gap_ms() if self.lease is not None else 0.0)
+            lease_gap_ms=self.lease.take_worst_gap_ms() if self.lease is not None else 0.0,
+            log_gaps=[gap for r in readers for gap in r.gaps])
+        if beat.log_gaps:
+            log.warning("batch %d: skipped gaps in the input log (offsets no record holds): %s", batch_id,
+                        ", ".join(f"{g['topic']}[{g['partition']}] {g['start']}..{g['end'] - 1}" for g in beat.log_gaps))
         beat.write(self.redis, self.epoch)
         if self.observer is not None:
             self.observer(beat)

@@ -87,10 +87,15 @@ def _without_nulls(record: dict) -> dict:
     return {k: v for k, v in record.items() if v is not None}
 
 
-def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]":
+def prepare_partition(ctx: PrepareContext, batches, gaps: list | None = None) -> "Iterator[pa.RecordBatch]":
+    """`gaps`: the list the reader of `batches` appends skipped log gaps to (ingest.kafka_types.LogGap),
+    complete once `batches` is exhausted; they travel to the driver in the reader's timing row."""
     started = time.perf_counter()
     tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
+    gap_dicts = [g.to_dict() for g in gaps or ()]
     if not tables:
+        if gap_dicts:
+            yield _side_rows(KIND_READ, [ReaderTiming(gaps=gap_dicts).to_json()], ctx)
         return
     read_s = time.perf_counter() - started
     raw = pa.concat_tables(tables)
@@ -118,7 +123,8 @@ def prepare_partition(ctx: PrepareContext, batches) -> "Iterator[pa.RecordBatch]
     if parsed.pings:
         out.append(_side_rows(KIND_PING, [str(p) for p in parsed.pings], ctx))
     # where a batch's time goes before the shuffle: reported in the heartbeat ("readers")
-    timing = ReaderTiming(raw.num_rows, round(read_s, 4), round(time.perf_counter() - started - read_s, 4))
+    timing = ReaderTiming(raw.num_rows, round(read_s, 4), round(time.perf_counter() - started - read_s, 4),
+                          gaps=gap_dicts)
     out.append(_side_rows(KIND_READ, [timing.to_json()], ctx))
     yield from out
 

@@ -54,7 +54,8 @@ class RoutedReportsReader(KafkaStreamReader):
         host, port = self.redis_node
         table = routing.load(cluster(host, port))
         context = PrepareContext(host, port, table, list(routing.partition_salts(table.partitions)))
-        return prepare_partition(context, read_partition(partition))
+        gaps: list = []          # offsets no record holds, skipped by the reader (ingest.kafka_read)
+        return prepare_partition(context, read_partition(partition, gaps), gaps)
 
 
 class RoutedReportsSource(KafkaDataSource):

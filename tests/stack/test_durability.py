@@ -246,3 +246,58 @@ def test_backup_restore_and_reset(dstack, tmp_path):
     other.cli("down")
     dstack.cli("up", "--detach", timeout=600)                    # the original home is untouched
     assert _snapshot(farm, "bu-cow") == before
+
+
+def _raise_high_watermarks(home: Path) -> dict[int, int]:
+    """Make a hole at the tail of every gps.reports partition of a stopped broker, as a crash between
+    Tansu's watermark write and its record write leaves one: the high watermark one past the last
+    record. Returns partition → the offset no record holds."""
+    holes = {}
+    for path in sorted((home / "broker").glob("*/clusters/*/topics/gps.reports/partitions/*/watermark.json")):
+        data = json.loads(path.read_text())
+        if data.get("high") is None:
+            continue
+        holes[int(path.parent.name)] = data["high"]
+        data["high"] += 1
+        path.write_text(json.dumps(data))
+    return holes
+
+
+def _plan_next_batch(checkpoint: Path, ends: dict[int, int]) -> None:
+    """Log batch N+1 in the Spark checkpoint with these end offsets, not committed (as a crash after
+    planning leaves it)."""
+    offsets = checkpoint / "offsets"
+    last = max(int(f.name) for f in offsets.iterdir() if f.name.isdigit())
+    version, metadata, _ = (offsets / str(last)).read_text().splitlines()
+    planned = json.dumps({str(p): o for p, o in sorted(ends.items())})
+    (offsets / str(last + 1)).write_text("\n".join([version, metadata, planned]))
+
+
+def test_a_hole_in_the_broker_log_is_skipped_reported_and_processing_goes_on(dstack):
+    farm = Farm(dstack, "log hole")
+    farm.fence(square(8.50, 47.00))
+    cows = [f"hole-{i}" for i in range(16)]
+    for cow in cows:
+        farm.device(cow)
+    last = {cow: farm.report(cow, (8.505, 47.05))[-1] for cow in cows}        # outside: every partition gets records
+    for cow, ts in last.items():
+        farm.wait_seen(cow, ts)
+    dstack.cli("down")
+    home = Path(dstack.env["HERDFENCE_HOME"])
+    holes = _raise_high_watermarks(home)
+    assert len(holes) == 4, holes
+    # the crash's state: the job had planned its next batch up to the raised watermarks (Spark logs
+    # offsets/N before batch N runs) and replays exactly that range, whose tail no record holds
+    _plan_next_batch(home / "checkpoint", {p: h + 1 for p, h in holes.items()})
+    dstack.cli("up", "--detach", "--timeout", "120", timeout=300)
+    status = json.loads(dstack.cli("status", "--json"))
+    gaps = {(g["partition"], g["start"], g["end"]) for g in status["components"]["broker"]["log_gaps"]}
+    assert gaps == {(p, h, h + 1) for p, h in holes.items()}, (gaps, holes)
+    metrics = dstack.client(None).get("/metrics").text
+    assert f"herdfence_broker_log_gaps_total {len(holes)}" in metrics
+    # what follows the holes is processed: every cow walks in
+    for cow in cows:
+        farm.report(cow, (8.505, 47.005), (8.505, 47.005))
+    wait_until(lambda: sum(e["type"] == "enter" for e in farm.events()) == len(cows), 60,
+               what="an enter per cow after the holes")
+    assert "herdfence_broker_log_gaps_total 4" in dstack.client(None).get("/metrics").text   # counted once
