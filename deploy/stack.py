@@ -107,7 +107,9 @@ class _Pinger:
 
     def __post_init__(self) -> None:
         from confluent_kafka import Producer
-        self.producer = Producer({"bootstrap.servers": self.settings.kafka_bootstrap})
+
+        from ingest.producer import PARTITIONER
+        self.producer = Producer({"bootstrap.servers": self.settings.kafka_bootstrap, **PARTITIONER})
         self.redis = redis_cluster.connect(self.settings)
         self.ids: list[str] = []
 

@@ -18,6 +18,11 @@ DEFAULT_TIMEOUT_S = 5.0
 # ≥ 1.5): linger only lets one call's records fill fewer, larger batches while they are queued. 320k
 # events into the embedded broker: 1.64–2.01 s and 1.9 core-s at 2 ms → 1.24–1.30 s and 1.3 core-s at 50.
 FLUSHED_LINGER_MS = 50
+# Every producer of the project (API, job, load generator, CLI) keys records by device or fence id and
+# partitions them as the Java clients and kafka-python do: murmur2 of the key, (h & 0x7fffffff) % n.
+# librdkafka's own default (consistent_random, CRC32) would put a device's reports from the API on
+# another partition than the same device's reports from a gateway, and their order would be lost.
+PARTITIONER = {"partitioner": "murmur2_random"}
 log = logging.getLogger("herdfence.kafka")
 
 
@@ -33,7 +38,7 @@ class KafkaWriter:
         self.timeout_s = timeout_s
         ms = int(timeout_s * 1000)
         self._producer = Producer({
-            "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+            "bootstrap.servers": bootstrap, **PARTITIONER, "enable.idempotence": True, "acks": "all",
             "linger.ms": FLUSHED_LINGER_MS, "queue.buffering.max.messages": 1_000_000,
             # a delivery callback for failed records only: one Python call per record cost the
             # driver ~1 µs each at tens of thousands of events a batch

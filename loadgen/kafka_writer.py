@@ -12,6 +12,7 @@ from confluent_kafka import KafkaException, Producer
 from tqdm import tqdm
 
 from fencing.model import compact_json
+from ingest.producer import PARTITIONER
 from loadgen.records import Pacer, WriteStats, report_dicts
 
 TOPIC = "gps.reports"
@@ -21,9 +22,9 @@ CHUNK = 2_000   # rows between poll/pacing/progress updates: small enough for sm
 def producer_config(bootstrap: str, **overrides) -> dict:
     return {
         "bootstrap.servers": bootstrap,
-        # murmur2 is what the Java client and kafka-python use: a device lands on the same partition
-        # whether its reports come from the API (kafka-python) or from here, so its order is kept
-        "partitioner": "murmur2_random",
+        # the partitioner all of herdfence's producers share (ingest/producer.py): a device lands on
+        # the same partition whether its reports come from the API or from here, so its order is kept
+        **PARTITIONER,
         # idempotence: librdkafka's internal retries never write a report twice (a duplicate report
         # with the same ts would count twice towards a debounce streak)
         "enable.idempotence": True,

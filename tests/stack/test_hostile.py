@@ -356,6 +356,8 @@ def test_secrets_are_stored_hashed(stack):
 # --- malformed records straight onto Kafka --------------------------------------------------------
 def test_malformed_kafka_records_go_to_dlq_and_valid_ones_still_flow(stack):
     from confluent_kafka import Producer
+
+    from ingest.producer import PARTITIONER
     farm = Farm(stack, "dlq farm")
     fence_id = farm.fence(square(8.50, 47.00))
     farm.device("dlq-cow")
@@ -372,7 +374,7 @@ def test_malformed_kafka_records_go_to_dlq_and_valid_ones_still_flow(stack):
     ]
     good = [{"device_id": "dlq-cow", "ts": ts + 1000 * i, "lat": lat, "lon": lon}
             for i, (lon, lat) in enumerate([(8.505, 47.005), (8.506, 47.006)], start=1)]
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, "partitioner": "murmur2_random"})
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, **PARTITIONER})
     for value, _ in bad:
         producer.produce("gps.reports", value=value, key=b"dlq-cow")
     for rec in good:

@@ -223,6 +223,8 @@ def test_a_device_id_two_farms_registered_goes_where_the_gateway_says(stack):
     goes to that farm only if it registered the id; any other name is dead-lettered with the reason."""
     from confluent_kafka import Producer
 
+    from ingest.producer import PARTITIONER
+
     first, second, stranger = Farm(stack, "gw first"), Farm(stack, "gw second"), Farm(stack, "gw stranger")
     device = f"gw-cow-{time.time_ns() % 10**9}"
     first.api.post("/v1/devices", json={"device_id": device}).raise_for_status()
@@ -236,7 +238,7 @@ def test_a_device_id_two_farms_registered_goes_where_the_gateway_says(stack):
     records = [({"device_id": device, "ts": ts, "lat": 47.201, "lon": 8.801}),                     # bare
                ({"device_id": device, "ts": ts + 1000, "lat": 47.302, "lon": 8.902, "farm_id": second.farm_id}),
                ({"device_id": device, "ts": ts + 2000, "lat": 47.403, "lon": 8.703, "farm_id": stranger.farm_id})]
-    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap})
+    producer = Producer({"bootstrap.servers": stack.kafka_bootstrap, **PARTITIONER})
     for record in records:
         producer.produce("gps.reports", value=json.dumps(record).encode(), key=device.encode())
     assert producer.flush(15) == 0
