@@ -11,6 +11,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import settings as hypothesis_settings
+
+# Property tests: a fast profile by default, the full one on request (HYPOTHESIS_PROFILE=full).
+hypothesis_settings.register_profile("fast", max_examples=25, deadline=None)
+hypothesis_settings.register_profile("full", max_examples=300, deadline=None)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 ROOT = Path(__file__).resolve().parents[1]
 HERDFENCE = str(Path(sys.executable).parent / "herdfence")
@@ -57,15 +63,57 @@ class Stack:
         return done.stdout
 
 
+class StackPool:
+    """The suite's embedded stacks, one running at a time: on 2 cores a second stack's JVM, Redis
+    Cluster and keep-warm slow every test of the first. Tests run grouped by the stack they need
+    (`pytest_collection_modifyitems`); a stack asked for after another started is brought back up
+    (its home kept), so an order that is not the usual one is slower, never wrong."""
+
+    def __init__(self) -> None:
+        self.stacks: dict[str, tuple[Stack, tuple[str, ...]]] = {}
+        self.running: set[str] = set()
+
+    def use(self, name: str, s: Stack, up_args: tuple[str, ...] = ()) -> Stack:
+        self.stacks.setdefault(name, (s, up_args))
+        for other in sorted(self.running - {name}):
+            self.stop(other)
+        if name not in self.running:
+            s.cli("up", "--detach", *up_args, timeout=600)
+            self.running.add(name)
+        return s
+
+    def ensure(self, s: Stack) -> None:
+        """`s` runs (and no other stack of the pool): a no-op unless the order mixed the groups."""
+        for name, (known, up_args) in self.stacks.items():
+            if known is s and name not in self.running:
+                self.use(name, s, up_args)
+
+    def stop(self, name: str) -> None:
+        s, _ = self.stacks[name]
+        subprocess.run([HERDFENCE, "down"], env=s.env, cwd=ROOT, capture_output=True, timeout=180)
+        self.running.discard(name)
+
+
+POOL = StackPool()
+
+
+def keep_logs(home: Path, prefix: str, limit: int = 2_000_000) -> None:
+    for log in sorted((home / "run").glob("*.log")):
+        target = ROOT / "test-artifacts" / "logs" / f"{prefix}{log.name}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(log.read_bytes()[-limit:])
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory) -> Stack:
+    """The shared stack: every test that does not destroy it."""
     home = tmp_path_factory.mktemp("herdfence-home")
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
     # a low per-device report rate so that the 429 path is reachable from a test client
     env.update(TEST_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_TRIGGER="200 milliseconds",
                HERDFENCE_RATE_DEVICE="10", HERDFENCE_KEEP_WARM_SECONDS="4",
                HERDFENCE_STREAMS_PER_FARM="40",
-               # one job process: the hot standby has its own stack (tests/stack/test_failover.py)
+               # one job process: the hot standby is tested on the disposable stack
                HERDFENCE_JOB_STANDBY="0",
                # the suite's webhook receivers listen on 127.0.0.1
                HERDFENCE_WEBHOOK_ALLOW_PRIVATE="1",
@@ -73,14 +121,72 @@ def stack(tmp_path_factory) -> Stack:
                HERDFENCE_OWNER_PID=str(os.getpid()))
     s = Stack(env=env, api_url=f"http://127.0.0.1:{TEST_PORTS['HERDFENCE_API_PORT']}")
     try:
-        s.cli("up", "--detach", timeout=600)
-        yield s
+        yield POOL.use("session", s)
     finally:
-        subprocess.run([HERDFENCE, "down"], env=env, cwd=ROOT, capture_output=True, timeout=120)
-        for log in sorted((home / "run").glob("*.log")):
-            target = ROOT / "test-artifacts" / "logs" / log.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(log.read_bytes()[-2_000_000:])
+        POOL.stop("session")
+        keep_logs(home, "")
+
+
+# The disposable stack: the embedded default (durable broker, hot standby), for the scenarios that
+# kill, freeze, stop, restore or reset it. They run after every test of the shared stack, in the
+# order DISPOSABLE_ORDER gives, each leaving it running and healthy for the next.
+DISPOSABLE_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(25092 + OFFSET),
+                    "HERDFENCE_EMBEDDED_REDIS_PORT": str(16101 + OFFSET), "HERDFENCE_API_PORT": str(25800 + OFFSET)}
+DISPOSABLE_ORDER = ("test_failover", "test_durability", "test_chaos")
+
+
+def disposable_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
+    env.update(DISPOSABLE_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_OWNER_PID=str(os.getpid()),
+               HERDFENCE_TRIGGER="200 milliseconds", HERDFENCE_ELASTIC="0", HERDFENCE_JOB_STANDBY="1",
+               HERDFENCE_KEEP_WARM_SECONDS="5",
+               HERDFENCE_FORK_SERVER="1")      # the warm runner start (the default), taken over from as well
+    return env
+
+
+@pytest.fixture(scope="session")
+def disposable(tmp_path_factory) -> Stack:
+    home = tmp_path_factory.mktemp("herdfence-disposable")
+    s = Stack(env=disposable_env(home), api_url=f"http://127.0.0.1:{DISPOSABLE_PORTS['HERDFENCE_API_PORT']}")
+    try:
+        yield POOL.use("disposable", s)
+    finally:
+        POOL.stop("disposable")
+        for other in (Path(p) for p in s.env.get("_OTHER_HOMES", "").split(",") if p):
+            subprocess.run([HERDFENCE, "down"], env=disposable_env(other), cwd=ROOT, capture_output=True, timeout=180)
+        keep_logs(home, "disposable-", 1_000_000)
+
+
+@pytest.fixture(autouse=True)
+def _only_this_stack_runs(request):
+    """Before a test: the stack it uses is the one running (see StackPool)."""
+    for name in ("stack", "disposable"):
+        if name in request.fixturenames:
+            POOL.ensure(request.getfixturevalue(name))
+
+
+def _order(item) -> tuple[int, int]:
+    """Unit tests, then the shared stack's, then the disposable stack's (in DISPOSABLE_ORDER), then
+    those with a stack of their own (the standalone cluster)."""
+    path = Path(str(item.fspath))
+    if "unit" in path.parts:
+        return (0, 0)
+    module = path.stem
+    if "disposable" in item.fixturenames:
+        return (2, DISPOSABLE_ORDER.index(module) if module in DISPOSABLE_ORDER else len(DISPOSABLE_ORDER))
+    if module == "test_cluster":
+        return (3, 0)
+    return (1, 0)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        group, _ = _order(item)
+        if group:
+            item.add_marker(pytest.mark.stack)
+        if group >= 2:
+            item.add_marker(pytest.mark.destructive)
+    items[:] = sorted(items, key=_order)       # stable: a module's tests keep their order
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.3, what: str = "condition"):

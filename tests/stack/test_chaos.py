@@ -2,7 +2,7 @@
 (loadgen.truth) is there exactly once afterwards.
 
 (a) the Spark job, three times in one run (driver only, JVM only, the whole process group);
-(b) a Redis master of a cluster with replicas (own stack, `--redis-replicas 1`);
+(b) a Redis master of a cluster with replicas (the disposable stack, `--redis-replicas 1` added);
 (c) the API under load (clients retry; nothing accepted is lost);
 (d) the broker (its log is on disk, deploy/objectstore.py): 503 + Retry-After while it is down and
     nobody restarts it; reports acknowledged before the kill are processed after it, exactly once.
@@ -21,7 +21,7 @@ import pytest
 from fencing.model.heartbeat import Heartbeat
 from loadgen import http_writer, kafka_writer
 from tests.chaoskit import Herd, alive, children, heartbeat, kill9, read_pid, wait_until
-from tests.conftest import HERDFENCE, OFFSET, ROOT, Stack
+from tests.conftest import Stack
 
 def _fresh_beat(redis, since: float, min_points: int = 1) -> Heartbeat | None:
     beat = heartbeat(redis)
@@ -120,26 +120,11 @@ def test_api_killed_under_load(stack):
 
 
 # --- own stack with Redis replicas: (b) master failover, (d) broker down -------------------------
-HA_PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(24092 + OFFSET), "HERDFENCE_EMBEDDED_REDIS_PORT": str(14101 + OFFSET),
-            "HERDFENCE_API_PORT": str(24800 + OFFSET)}
-
-
 @pytest.fixture(scope="module")
-def ha_stack(tmp_path_factory):
-    home = tmp_path_factory.mktemp("herdfence-ha")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
-    env.update(HA_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_OWNER_PID=str(os.getpid()), HERDFENCE_TRIGGER="200 milliseconds", HERDFENCE_ELASTIC="0")
-    s = Stack(env=env, api_url=f"http://127.0.0.1:{HA_PORTS['HERDFENCE_API_PORT']}")
-    try:
-        s.cli("up", "--detach", "--redis-replicas", "1", timeout=600)
-        yield s
-    finally:
-        import subprocess
-        subprocess.run([HERDFENCE, "down"], env=env, cwd=ROOT, capture_output=True, timeout=180)
-        for log in sorted((home / "run").glob("*.log")):
-            target = ROOT / "test-artifacts" / "logs" / f"ha-{log.name}"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(log.read_bytes()[-1_000_000:])
+def ha_stack(disposable) -> Stack:
+    """The disposable stack with a replica per Redis master (added to the running cluster)."""
+    disposable.cli("up", "--detach", "--redis-replicas", "1", timeout=600)
+    return disposable
 
 
 def _master_of(stack: Stack, key: str) -> int:

@@ -3,7 +3,7 @@ survives `down`/`up`, a kill -9 of every process of the stack, a killed Redis ma
 every acknowledged report is processed exactly once; `backup` + `restore` give the same farm;
 `reset --yes` is the only delete.
 
-One private stack for the module (it kills things), on ports of its own."""
+It runs on the suite's disposable stack (tests/conftest.py), which it may kill."""
 from __future__ import annotations
 
 import json
@@ -19,36 +19,16 @@ import pytest
 from deploy import procs
 from loadgen import http_writer
 from tests.chaoskit import Herd, alive, kill9, read_pid, wait_until
-from tests.conftest import HERDFENCE, OFFSET, ROOT, Stack
+from tests.conftest import HERDFENCE, ROOT, Stack, disposable_env
 from tests.farmkit import Farm, square
 
 pytestmark = pytest.mark.stack
 
-PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(25092 + OFFSET), "HERDFENCE_EMBEDDED_REDIS_PORT": str(16101 + OFFSET),
-         "HERDFENCE_API_PORT": str(25800 + OFFSET)}
-
-
-def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
-    env.update(PORTS, HERDFENCE_HOME=str(home), HERDFENCE_OWNER_PID=str(os.getpid()), HERDFENCE_TRIGGER="200 milliseconds", HERDFENCE_ELASTIC="0",
-               HERDFENCE_KEEP_WARM_SECONDS="0")
-    return env
 
 
 @pytest.fixture(scope="module")
-def dstack(tmp_path_factory):
-    home = tmp_path_factory.mktemp("herdfence-durable")
-    s = Stack(env=_env(home), api_url=f"http://127.0.0.1:{PORTS['HERDFENCE_API_PORT']}")
-    try:
-        s.cli("up", "--detach", timeout=600)
-        yield s
-    finally:
-        for h in {home, *(Path(p) for p in s.env.get("_OTHER_HOMES", "").split(",") if p)}:
-            subprocess.run([HERDFENCE, "down"], env=_env(h), cwd=ROOT, capture_output=True, timeout=180)
-        for log in sorted((home / "run").glob("*.log")):
-            target = ROOT / "test-artifacts" / "logs" / f"durable-{log.name}"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(log.read_bytes()[-1_000_000:])
+def dstack(disposable) -> Stack:
+    return disposable
 
 
 def _snapshot(farm: Farm, device_id: str) -> dict:
@@ -230,7 +210,7 @@ def test_backup_restore_and_reset(dstack, tmp_path):
     assert (backup_dir / "herdfence-backup.json").exists()
     dstack.cli("down")
     fresh = tmp_path / "fresh-home"
-    other = Stack(env=_env(fresh), api_url=dstack.api_url)
+    other = Stack(env=disposable_env(fresh), api_url=dstack.api_url)
     dstack.env["_OTHER_HOMES"] = str(fresh)
     other.cli("restore", str(backup_dir))
     other.cli("up", "--detach", timeout=600)

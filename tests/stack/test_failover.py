@@ -7,46 +7,25 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from fencing.model.heartbeat import read_heartbeat, recent_heartbeats
 from loadgen import kafka_writer
 from tests.chaoskit import Herd, alive, wait_until
-from tests.conftest import HERDFENCE, OFFSET, ROOT, Stack
+from tests.conftest import Stack
 from tests.farmkit import Farm, square
 
 pytestmark = pytest.mark.stack
 
-PORTS = {"HERDFENCE_EMBEDDED_KAFKA_PORT": str(27092 + OFFSET), "HERDFENCE_EMBEDDED_REDIS_PORT": str(13101 + OFFSET),
-         "HERDFENCE_API_PORT": str(27800 + OFFSET)}
-
-
-def _env(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
-    env.update(PORTS, HERDFENCE_HOME=str(home), HERDFENCE_OWNER_PID=str(os.getpid()), HERDFENCE_TRIGGER="200 milliseconds", HERDFENCE_ELASTIC="0",
-               HERDFENCE_JOB_STANDBY="1", HERDFENCE_KEEP_WARM_SECONDS="5",
-               HERDFENCE_FORK_SERVER="1")      # the warm runner start (the default), taken over from as well
-    return env
 
 
 @pytest.fixture(scope="module")
-def hot(tmp_path_factory):
-    home = tmp_path_factory.mktemp("herdfence-standby")
-    s = Stack(env=_env(home), api_url=f"http://127.0.0.1:{PORTS['HERDFENCE_API_PORT']}")
-    try:
-        s.cli("up", "--detach", timeout=600)
-        yield s
-    finally:
-        subprocess.run([HERDFENCE, "down"], env=_env(home), cwd=ROOT, capture_output=True, timeout=180)
-        for log in sorted((home / "run").glob("job*.log")):
-            target = ROOT / "test-artifacts" / "logs" / f"standby-{log.name}"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(log.read_bytes()[-1_000_000:])
+def hot(disposable) -> Stack:
+    """The disposable stack runs the embedded default: an active job and a warm standby."""
+    return disposable
 
 
 def _redis(stack: Stack, clients: dict = {}):  # noqa: B006 - one client per stack for the module

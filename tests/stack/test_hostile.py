@@ -5,6 +5,7 @@ onto Kafka land in the DLQ while valid reports after them are processed."""
 from __future__ import annotations
 
 import json
+import os
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,9 @@ import pytest
 
 from tests.farmkit import Farm, dead_letters_matching, square
 
-FUZZ_SECONDS = 50
+# The fuzz's length: a short run by default, the long one with HYPOTHESIS_PROFILE=full (or set it).
+FUZZ_SECONDS = float(os.environ.get("HERDFENCE_FUZZ_SECONDS",
+                                    50 if os.environ.get("HYPOTHESIS_PROFILE") == "full" else 15))
 
 
 @pytest.fixture(scope="module")
@@ -452,6 +455,21 @@ def test_ui_has_a_content_security_policy(stack):
     assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp and "unsafe-eval" not in csp
     assert page.headers["x-content-type-options"] == "nosniff" and page.headers["x-frame-options"] == "DENY"
     assert stack.client(None).get("/healthz").headers["referrer-policy"] == "no-referrer"
+
+
+def test_the_hot_pull_queries_carry_the_security_headers(farm):
+    """api/fastpath.py answers these itself once the worker knows the farm key: the first request on a
+    connection teaches it, the following ones on the same connection take the short way."""
+    from api.security_headers import COMMON
+    fence_id = farm.fence(square(8.60, 47.10))
+    routes = [("GET", f"/v1/fences/{fence_id}/devices", None),
+              ("POST", "/v1/query/within", {"geometry": square(8.60, 47.10)})]
+    for method, path, body in routes:
+        for _ in range(5):
+            resp = farm.api.request(method, path, json=body)
+            assert resp.status_code == 200, resp.text
+            for name, value in COMMON:
+                assert resp.headers.get(name.decode()) == value.decode(), (path, name, dict(resp.headers))
 
 
 # --- every route that takes input, case by case (issue 18, item 3) --------------------------------

@@ -87,7 +87,10 @@ def test_other_farm_changes_nothing(world):
     assert resp.status_code == 202
 
 
-def _sse_lines(stack, key: str, seconds: float, out: list, ready: threading.Event) -> None:
+def _sse_lines(stack, key: str, seconds: float, out: list, ready: threading.Event,
+               stop: threading.Event) -> None:
+    """Collect the stream's lines until `stop` is set (at most `seconds`); the API sends a keep-alive
+    comment while idle, so a set `stop` is seen within that interval."""
     with httpx.Client(base_url=stack.api_url, timeout=httpx.Timeout(seconds + 10, read=seconds + 5)) as c:
         with c.stream("GET", "/v1/events/stream", headers={"Authorization": f"Bearer {key}"}) as resp:
             out.append(("status", resp.status_code))
@@ -96,7 +99,7 @@ def _sse_lines(stack, key: str, seconds: float, out: list, ready: threading.Even
             for line in resp.iter_lines():
                 if line.startswith("data:"):
                     out.append(("data", json.loads(line[5:])))
-                if time.monotonic() > deadline:
+                if time.monotonic() > deadline or stop.is_set():
                     break
 
 
@@ -104,7 +107,8 @@ def test_event_stream_is_per_farm(world):
     a, b = world["a"], world["b"]
     streams = {"a": [], "b": []}
     readies = {name: threading.Event() for name in streams}
-    threads = [threading.Thread(target=_sse_lines, args=(a.stack, farm.key, 25, streams[name], readies[name]),
+    stop = threading.Event()
+    threads = [threading.Thread(target=_sse_lines, args=(a.stack, farm.key, 25, streams[name], readies[name], stop),
                                 daemon=True) for name, farm in (("a", a), ("b", b))]
     for t in threads:
         t.start()
@@ -116,8 +120,9 @@ def test_event_stream_is_per_farm(world):
     deadline = time.monotonic() + 25
     while time.monotonic() < deadline and not [d for k, d in streams["a"] if k == "data"]:
         time.sleep(0.3)
-    for t in threads:
-        t.join(30)
+    stop.set()          # A's stream has the event: B's, fanned out from the same publication, would too
+    for t in threads:   # a reader sees `stop` at its next line (an event or a keep-alive): not waited for
+        t.join(1)
     assert ("status", 200) in streams["a"] and ("status", 200) in streams["b"]
     a_events = [d for k, d in streams["a"] if k == "data"]
     assert a_events and all(e["device_id"] in ("twin-cow", "a-only") for e in a_events), a_events
@@ -183,7 +188,9 @@ def test_device_token_scope(world):
     resp = client.post("/v1/reports", json={"reports": [{"device_id": "twin-cow", "farm_id": b.farm_id,
                                                          "ts": world["stamps"][-1], "lat": 47.005, "lon": 8.505}]})
     assert resp.status_code in (202, 403, 422)
-    time.sleep(2)
+    # a later report of the same device (same key, same partition) processed: the one above was too
+    sentinel = a.report("twin-cow", INSIDE2, token=world["token"])[-1]
+    a.wait_seen("twin-cow", sentinel)
     assert b.api.get("/v1/devices/twin-cow").json()["lat"] is None
     assert b.api.get("/v1/positions").json()["features"] == []
 
@@ -193,7 +200,8 @@ def test_farm_key_cannot_post_into_another_farm(world):
     resp = b.api.post("/v1/reports", json={"reports": [{"device_id": "a-only", "farm_id": a.farm_id,
                                                         "ts": world["stamps"][-1] + 1, "lat": 47.05, "lon": 8.505}]})
     assert resp.status_code in (202, 403, 422)
-    time.sleep(3)
+    if resp.status_code == 202:     # the API writes the report into the caller's farm: wait until B has it
+        b.wait_seen("a-only", world["stamps"][-1] + 1)
     assert a.api.get("/v1/devices/a-only").json()["lat"] == INSIDE2[1], "farm B moved farm A's device"
 
 
@@ -247,7 +255,7 @@ def test_a_device_id_two_farms_registered_goes_where_the_gateway_says(stack):
     seen_second = second.wait_seen(device, ts + 1000)
     assert (seen_first["lat"], seen_first["lon"]) == (47.201, 8.801)
     assert (seen_second["lat"], seen_second["lon"]) == (47.302, 8.902)
-    time.sleep(2)
+    dead_letters_matching(stack, device, 1)          # the stranger's record was refused, not applied
     assert stranger.api.get(f"/v1/devices/{device}").status_code == 404    # never registered there
     assert first.api.get(f"/v1/devices/{device}").json()["lat"] == 47.201   # nothing leaked in
     [letter] = dead_letters_matching(stack, device, 1)
