@@ -7,7 +7,7 @@ STAMP   := $(VENV)/.herdfence-installed
 UI_DIR  := api/ui
 APT_PKGS := openjdk-17-jre-headless redis-server chromium wrk
 
-.PHONY: setup up test clean system-packages venv ui-assets
+.PHONY: setup up test test-fast demo clean system-packages venv ui-assets
 
 setup: system-packages venv ui-assets
 
@@ -48,8 +48,16 @@ ui-assets: $(UI_DIR)/node_modules/.installed
 up: setup
 	$(BIN)/herdfence up
 
+# the whole suite: unit tests, the shared stack, then the disposable and cluster stacks (tests/conftest.py)
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=15 tests
+
+# the edit loop: unit tests and the flows on one stack
+test-fast: setup
+	$(BIN)/python -m pytest -q tests/unit tests/stack/test_flow.py
+
+demo: setup
+	$(BIN)/herdfence demo
 
 clean:
 	-$(BIN)/herdfence down
