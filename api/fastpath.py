@@ -6,7 +6,7 @@ answers come from api/answers.py's cache). This wrapper serves them directly whe
 a farm key already known to this worker, within the farm's rate, a body under 64 KiB, and an answer
 without error. Anything else — unknown or device secret, 404, 422, 429, Redis trouble — goes on to
 FastAPI unchanged (the body replayed), which gives the same answers and every error. Metrics are counted
-under the same route names.
+under the same route names, and the answers carry the security headers FastAPI's would.
 """
 from __future__ import annotations
 
@@ -14,12 +14,19 @@ import time
 
 import orjson
 
-from api import answers, auth, limits, metrics
+from api import answers, auth, limits, metrics, security_headers
 
 FENCE_PREFIX, FENCE_SUFFIX = "/v1/fences/", "/devices"
 WITHIN_PATH = "/v1/query/within"
 MAX_FAST_BODY = 64 * 1024
-_JSON_HEADERS = [(b"content-type", b"application/json")]
+
+
+def _json_headers(path: str) -> list[tuple[bytes, bytes]]:
+    """Built once per route: the same security headers as every other answer on that path."""
+    return [(b"content-type", b"application/json"), *security_headers.for_path(path)]
+
+
+FENCE_HEADERS, WITHIN_HEADERS = _json_headers(FENCE_PREFIX), _json_headers(WITHIN_PATH)
 
 
 class HotQueries:
@@ -52,7 +59,7 @@ class HotQueries:
                 body = None
         if body is None:
             return await self.app(scope, receive, send)
-        await _respond(send, body)
+        await _respond(send, body, FENCE_HEADERS)
         metrics.METRICS.observe("/v1/fences/{fence_id}/devices", 200, time.perf_counter() - started)
 
     async def _within(self, scope, receive, send):
@@ -79,7 +86,7 @@ class HotQueries:
             answer = None
         if answer is None:
             return await self.app(scope, _replay(raw, receive), send)
-        await _respond(send, answer)
+        await _respond(send, answer, WITHIN_HEADERS)
         metrics.METRICS.observe(WITHIN_PATH, 200, time.perf_counter() - started)
 
 
@@ -115,7 +122,7 @@ def _replay(raw: bytes, receive):
     return replayed
 
 
-async def _respond(send, body: bytes) -> None:
+async def _respond(send, body: bytes, headers: list[tuple[bytes, bytes]]) -> None:
     await send({"type": "http.response.start", "status": 200,
-                "headers": _JSON_HEADERS + [(b"content-length", str(len(body)).encode())]})
+                "headers": headers + [(b"content-length", str(len(body)).encode())]})
     await send({"type": "http.response.body", "body": body})

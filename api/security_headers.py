@@ -15,6 +15,12 @@ def _is_ui(path: str) -> bool:
     return path == "/" or path.startswith(("/ui/", "/vendor/"))
 
 
+def for_path(path: str) -> list[tuple[bytes, bytes]]:
+    """The headers an answer on `path` carries: the one rule, for FastAPI's answers (SecurityHeaders)
+    and for those api/fastpath.py sends itself."""
+    return COMMON + UI if _is_ui(path) else COMMON
+
+
 class SecurityHeaders:
     def __init__(self, app):
         self.app = app
@@ -22,7 +28,7 @@ class SecurityHeaders:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        extra = COMMON + UI if _is_ui(scope.get("path", "")) else COMMON
+        extra = for_path(scope.get("path", ""))
 
         async def add(message):
             if message["type"] == "http.response.start":
