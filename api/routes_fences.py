@@ -74,7 +74,7 @@ def create_device(request: Request, body: dict = Body(..., examples=[{"device_id
     redis = request.app.state.redis
     token = tenancy.register_device(redis, who.farm_id, device_id, herd, with_token=True)
     # Another farm registered this id first: gateway records without farm_id go to that farm, so
-    # this farm's gateways must name it (README: Kafka gateways and farms)
+    # this farm's gateways must name it (docs/api.md, "Kafka gateways")
     owner = tenancy.bare_id_owner(redis, device_id)
     return {"device_id": device_id, "herd": herd, "token": token,
             "gateway_must_send_farm_id": owner != who.farm_id, "farm_id": who.farm_id}

@@ -7,8 +7,8 @@ batches at 2,000 reports/s added ~1,000 objects per partition in a few minutes a
 record is the job's history), so once the job has committed a batch the objects wholly below its end
 offsets are only kept for `keep_s` more seconds, then deleted. The window bounds what every fetch
 lists: at 2,000 reports/s a 600 s window grew a partition's listing to ~10,000 objects, the store
-served 1.6 GB of listings a minute, and the job's reads and log-end listings slowed minute after minute
-(session 11). A replay never needs a deleted object (Spark replays only uncommitted batches), and a
+served 1.6 GB of listings a minute, and the job's reads and log-end listings slowed minute after
+minute. A replay never needs a deleted object (Spark replays only uncommitted batches), and a
 backup holds retention while it copies (`hold`): it copies the checkpoint first and the broker last.
 
 Deleting the oldest objects is what Tansu expects of retention: its low watermark follows the first

@@ -75,7 +75,7 @@ def _write_conf(settings: Settings, port: int) -> Path:
         # A system of record: every write in the AOF, fsynced each second; compact rewrites start
         # with an RDB image. An hourly snapshot as well, so a broken AOF still leaves a recent copy.
         # Both fork and write the whole data set: on 2 cores a snapshot every minute or a rewrite
-        # every 64 MB of AOF took a core from the job under load (README, "Durability").
+        # every 64 MB of AOF took a core from the job under load (docs/operations.md).
         f"appendonly {'yes' if settings.redis_appendfsync != 'off' else 'no'}",
         f"appendfsync {settings.redis_appendfsync if settings.redis_appendfsync != 'off' else 'everysec'}",
         "aof-use-rdb-preamble yes", "auto-aof-rewrite-percentage 200", "auto-aof-rewrite-min-size 1gb",

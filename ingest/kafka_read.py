@@ -1,8 +1,8 @@
 """Executor side of `herdkafka`: read one KafkaRange [start, end) into Arrow record batches.
 
 Two clients, same contract; `client=confluent` is the default because it is the faster one here
-(numbers in ingest/README.md). Both stop at `end` even when offsets are missing inside the range
-(transaction markers, compaction): an EOF at or past `end` finishes the range.
+(`herdfence bench ingest` measures the read path). Both stop at `end` even when offsets are missing
+inside the range (transaction markers, compaction): an EOF at or past `end` finishes the range.
 
 Gaps. A range can hold offsets that no record holds: on the embedded broker a crash between Tansu's
 watermark write and its record write leaves the high watermark past the last record (never

@@ -327,5 +327,5 @@ class KafkaDataSource(DataSource):
 
 
 def register(spark) -> None:  # noqa: ANN001 - SparkSession
-    """Make `spark.readStream.format("herdkafka")` available in this session."""
+    """Make `spark.readStream.format("herdkafka")` available in this SparkSession."""
     spark.dataSource.register(KafkaDataSource)

@@ -4,7 +4,7 @@ events for tracks with sparse and late fixes.
 
 On purpose naive and written apart from the job: one device, one report, one fence at a time;
 membership is `covers` of the point (boundary counts), distances and segment stretches are shapely
-calls on single geometries. The rules (README "Event semantics"):
+calls on single geometries. The rules (docs/events.md):
 
 * a report counts unless it is older than the device's last counted one, or repeats it exactly;
 * a fence outside its window [active_from, active_to) does not exist for a report: its state is

@@ -52,7 +52,7 @@ HISTORY_MAX = 5000
 @dataclass
 class ElasticConfig:
     enabled: bool = True
-    planner: str = "binpack"         # "binpack" (HarmonicIO IRM) or "pairwise" (Borealis): README
+    planner: str = "binpack"         # "binpack" (HarmonicIO IRM) or "pairwise" (Borealis): docs/architecture.md
     min_points: int = 1500           # a window closes once it has this many points ...
     max_beats: int = 8               # ... or this many beats
     # hysteresis band: act when max/mean exceeds `trigger` (below the 1.3 bar, so a drifting hot spot is

@@ -6,7 +6,7 @@ Metres: each distance is measured on a local equirectangular plane centred on th
 segment's middle): exact to well under 1% at farm scale, and far cheaper than a geodesic. A segment
 is straight in lon/lat, which at these distances is the same line as on the ground.
 
-Noise rule (README "Event semantics"): only segments at least MIN_SEGMENT_M (30 m) long imply
+Noise rule (docs/events.md): only segments at least MIN_SEGMENT_M (30 m) long imply
 anything, and a stretch inside a fence that both fixes are outside of (or outside a fence both are
 inside) counts only when it is at least `min_stretch_m` long: max(MIN_STRETCH_M (10 m), 2 x the larger
 `accuracy_m` of its two fixes). GPS jitter of a few metres near an edge then never makes a crossing,

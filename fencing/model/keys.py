@@ -1,4 +1,4 @@
-"""The Redis Cluster key layout (documented in the README, "Redis layout").
+"""The Redis Cluster key layout (documented in docs/architecture.md, "Redis key layout").
 
 Two families of keys:
 * group keys carry the H3 cell group (a res-GROUP_RES cell, hex) as hash tag, so one group's fences and

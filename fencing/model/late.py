@@ -2,7 +2,7 @@
 24 h, replayed against what the device was confirmed inside at their times. They never change the
 current state; the excursions they reveal are emitted with `late: true` at the fixes' own times.
 
-Rule (README "Event semantics"), per fence, over the device's kept late fixes in time order: a fix
+Rule (docs/events.md, "Late uploads"), per fence, over the device's kept late fixes in time order: a fix
 *disagrees* when its membership differs from the confirmed one at its time (a confirmed stay, or the
 current stay since its ENTER). Disagreement is debounced with the fence's own rule (debounce_reports
 fixes in a row, or a streak lasting debounce_seconds): the fix that confirms it is the departure,

@@ -31,7 +31,7 @@ KIND_REPORT, KIND_DEAD, KIND_PING, KIND_READ = 0, 1, 2, 3   # KIND_READ: the rea
 # reader's range as an Arrow IPC stream (PACKED, arrival order; a row per BLOB_ROWS reports), plus side
 # rows (dead letters, pings, reader timings; payload = UTF-8 text). The JVM then converts and shuffles
 # a few large binary values per task instead of a row (or array element) per report: it only moves
-# bytes (docs/benchmarks-notes.md: where the time goes).
+# bytes.
 BLOB_ROWS = 250_000      # ~16 MB a value: far below the 2 GB an Arrow binary value (int32 offsets) can hold
 SHUFFLED = pa.schema([("kind", pa.int8()), ("route", pa.int64()), ("payload", pa.binary())])
 SHUFFLED_DDL = "kind tinyint, route bigint, payload binary"

@@ -78,5 +78,5 @@ class RoutedReportsSource(KafkaDataSource):
 
 
 def register(spark) -> None:  # noqa: ANN001 - SparkSession
-    """Make `spark.readStream.format("herdreports")` available in this session."""
+    """Make `spark.readStream.format("herdreports")` available in this SparkSession."""
     spark.dataSource.register(RoutedReportsSource)

@@ -4,8 +4,8 @@ A micro-batch normally runs two stages: one reader task per Kafka partition, a s
 process task per routed partition (each aligned with its Redis node). At a trickle (a farm's collars,
 a few reports a batch) that shape is almost all of the batch: 10 tiny tasks, two Python worker round
 trips each, a shuffle and a second stage cost ~0.4 s on this 2-core machine for no work, where one task
-reading everything and processing each routed partition in turn costs ~0.12 s (docs/benchmarks-notes.md,
-session 11). The events, states and per-partition statistics are the same: the task runs the process
+reading everything and processing each routed partition in turn costs ~0.12 s (measured 2026-11-26).
+The events, states and per-partition statistics are the same: the task runs the process
 stage once per routed partition, with that partition's reports, in their arrival order.
 
 Who decides, and why both sides agree: the source plans one input partition when the batch's offset

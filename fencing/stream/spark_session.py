@@ -44,7 +44,7 @@ cluster_conf = spark_cluster_conf      # fencing/config.py: the one reader of HE
 # The local JVM (driver + executor) mostly moves bytes: the readers hand the shuffle a few Arrow IPC
 # blobs per task. C2's compiler threads took half of its CPU in a benchmark's measured run (2.2 of
 # 4.4 core-s in 15 s); C1 alone compiles almost nothing after start and runs this work as fast
-# (docs/benchmarks-notes.md, session 5). HERDFENCE_JVM_OPTIONS replaces it ("" = the JVM's default).
+# (measured 2026-11-23). HERDFENCE_JVM_OPTIONS replaces it ("" = the JVM's default).
 LOCAL_JVM_OPTIONS = TUNING.jvm_options
 
 
