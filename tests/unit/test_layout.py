@@ -1,4 +1,4 @@
-"""The import graph flows one way (README, "Where things live"), read from the source with `ast`:
+"""The import graph flows one way (docs/architecture.md, "Where things live"), read from the source with `ast`:
 api/ and ingest/ use the fence model, never the Spark job or the elastic controller; nothing in
 fencing/, ingest/ or api/ imports deploy/ or loadgen/; the model imports only itself and the
 configuration; and no module-level import circle exists."""
