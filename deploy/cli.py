@@ -156,6 +156,7 @@ PASSTHROUGH = {
     "bench": ("loadgen.bench", "the benchmark", "push | pull | ingest | fences | report ..."),
     "elastic": ("loadgen.elastic_skew", "the elastic loop", "skew | status ..."),
     "export": ("api.export", "export", "export data ..."),
+    "demo": ("loadgen.demo", "the demo", "a demo farm with a walking herd [--stop] [--json]"),
 }
 
 
