@@ -1,34 +1,55 @@
-"""`herdfence bench report`: docs/benchmarks.md from the bench JSON files under docs/ (bench-push-*.json,
-bench-pull-*.json), with their plots, the commands and the machine, beside FenceX's published figures."""
+"""`herdfence bench report`: docs/benchmarks.md from the committed result JSON files under docs/.
+
+Results only: every figure in the page comes from a result file (bench-push-*.json, bench-pull-*.json,
+bench-failover*.json, bench-devices.json, bench-fences.json, elastic-skew.json, soak-*.json) and is
+shown with the date of its run, the machine and the command that produced it. Per-beat files
+(`*.beats.json`) are never read: they are local profiling output and not committed.
+"""
 from __future__ import annotations
 
 import json
+import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 FENCEX = {
     "push": "~15,000 updates/s sustained on 4 servers (Kafka Streams + Spring); 65,000/s backlog drain",
     "pull": "2,000 queries/s per instance",
 }
-BARS = {"push": "100k fences, 10k devices, 1M points: ≥ 100,000 points/s, ratio ≥ 0.15, event p99 ≤ 3 s, "
-                "0 lost, 0 duplicated",
-        "pull": "10k fences, 10k devices: ≥ 5,000 queries/s, p99 ≤ 25 ms, 0 errors"}
+# Files that do not record their own command: the command that writes them.
+DEFAULT_COMMANDS = {
+    "elastic-skew.json": "herdfence elastic skew --json docs/elastic-skew.json",
+    "soak-3min.json": "python -m loadgen.soak --minutes 3 --json docs/soak-3min.json",
+}
+
+
+def _is_result(p: Path) -> bool:
+    return p.suffix == ".json" and not p.name.endswith(".beats.json")
+
+
+def _read(p: Path) -> dict | None:
+    try:
+        out = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    return out if isinstance(out, dict) else None
 
 
 def _load(docs: Path, kind: str) -> list[tuple[Path, dict]]:
-    out = []
-    for p in sorted(docs.glob(f"bench-{kind}-*.json")):
-        if p.name.endswith(".beats.json"):
-            continue
-        try:
-            out.append((p, json.loads(p.read_text())))
-        except ValueError:
-            continue
-    return sorted(out, key=lambda x: (x[1].get("fences", 0), x[1].get("points", 0)))
+    out = [(p, r) for p in sorted(docs.glob(f"bench-{kind}-*.json")) if _is_result(p)
+           for r in [_read(p)] if r is not None]
+    return sorted(out, key=lambda x: (x[1].get("fences", 0), x[1].get("points", 0), str(x[1].get("time", "")), x[0].name))
+
+
+def _load_one(docs: Path, pattern: str) -> list[tuple[Path, dict]]:
+    return [(p, r) for p in sorted(docs.glob(pattern)) if _is_result(p) for r in [_read(p)] if r is not None]
 
 
 def _fmt(v, digits: int = 0) -> str:
     if v is None:
         return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
     if isinstance(v, float):
         return f"{v:,.{digits}f}"
     if isinstance(v, int):
@@ -36,9 +57,58 @@ def _fmt(v, digits: int = 0) -> str:
     return str(v)
 
 
+@lru_cache(maxsize=None)
+def _committed_date(p: Path) -> str | None:
+    """The date the file was last committed (for results that do not record when they ran)."""
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%cs", "--", p.name], cwd=p.parent,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
+def _when(p: Path, r: dict) -> str:
+    if r.get("time"):
+        return str(r["time"])
+    committed = _committed_date(p)
+    return f"{committed} (committed)" if committed else "date not recorded"
+
+
+def _date(p: Path, r: dict) -> str:
+    """The run's day for a table column (YYYY-MM-DD), or a dash."""
+    day = _when(p, r)[:10]
+    return day if day[:4].isdigit() else "—"
+
+
+def _machine(r: dict) -> str:
+    m = r.get("machine") or {}
+    if not m:
+        return "machine not recorded"
+    return f"{m.get('cores')} cores ({m.get('cpu') or 'unknown CPU'}), {m.get('memory')} RAM, Python {m.get('python')}"
+
+
+def _command(p: Path, r: dict) -> str:
+    """The recorded command, its output path shown as the committed file's (runs are often written
+    elsewhere first, then copied into docs/)."""
+    command = r.get("command") or DEFAULT_COMMANDS.get(p.name)
+    if not command:
+        return "command not recorded"
+    words = str(command).split()
+    if "--json" in words[:-1]:
+        words[words.index("--json") + 1] = f"docs/{p.name}"
+    return " ".join(words)
+
+
+def _provenance(p: Path, r: dict) -> list[str]:
+    """Command, date and machine of one result file."""
+    return [f"```\n{_command(p, r)}\n```", "",
+            f"`{p.name}`: {_when(p, r)}; {_machine(r)}.", ""]
+
+
 def _paced_summary(pushes: list[tuple[Path, dict]]) -> str:
     """The lowest event p99 among the paced runs (latency at a sustainable rate), if any."""
-    paced = [r for _, r in pushes if r.get("offered_rate") and r["event_latency_ms"].get("p99") is not None]
+    paced = [r for _, r in pushes if r.get("offered_rate") and (r.get("event_latency_ms") or {}).get("p99") is not None]
     if not paced:
         return ""
     r = min(paced, key=lambda r: r["event_latency_ms"]["p99"])
@@ -46,104 +116,240 @@ def _paced_summary(pushes: list[tuple[Path, dict]]) -> str:
             f"{_fmt(r['event_latency_ms'].get('p50'))} ms, p99 {_fmt(r['event_latency_ms'].get('p99'))} ms")
 
 
+def _summary(pushes: list[tuple[Path, dict]], pulls: list[tuple[Path, dict]]) -> list[str]:
+    if not (pushes or pulls):
+        return []
+    lines = ["## Summary beside FenceX", "",
+             "| | herdfence (best run below) | FenceX (published) |", "|---|---|---|"]
+    if pushes:
+        p, best = max(pushes, key=lambda x: x[1].get("points_per_s", 0))
+        lat = best.get("event_latency_ms") or {}
+        lines.append(f"| push (stream processing) | {_fmt(best.get('points_per_s'))} points/s end to end "
+                     f"({_fmt(best.get('fences'))} fences, {_fmt(best.get('devices'))} devices, {_when(p, best)}), "
+                     f"event p99 {_fmt(lat.get('p99'))} ms, lost {best.get('lost')}, duplicated "
+                     f"{best.get('duplicated')}" + _paced_summary(pushes) + f" | {FENCEX['push']} |")
+    if pulls:
+        p, best = max(pulls, key=lambda x: x[1].get("queries_per_s", 0))
+        lat = best.get("latency_ms") or {}
+        unc = best.get("uncached") or {}
+        lines.append(f"| pull (queries) | {_fmt(best.get('queries_per_s'))} queries/s, p50 {lat.get('p50')} ms, "
+                     f"p99 {lat.get('p99')} ms, errors {best.get('errors')} ({_when(p, best)})"
+                     + (f"; with `Cache-Control: no-cache` {_fmt(unc.get('queries_per_s'))} queries/s, "
+                        f"p99 {(unc.get('latency_ms') or {}).get('p99')} ms" if unc else "")
+                     + f" | {FENCEX['pull']} |")
+    return lines + [""]
+
+
+def _push(pushes: list[tuple[Path, dict]]) -> list[str]:
+    if not pushes:
+        return []
+    lines = ["## Push: reports → events, end to end", "",
+             "Simulated herds (loadgen/herd.py) are produced to `gps.reports` as fast as possible (offered: "
+             "flood; points/s is then the job's drain rate and latency is mostly queueing behind the "
+             "backlog) or paced at the offered rate (`--rate`: latency is the job's own). The clock runs "
+             "from the first report produced until the job's heartbeat has counted every point. Event "
+             "latency = when the event became visible in Redis − when its confirming report was produced. "
+             "`vectorized limit` = the same membership work (H3 cell of every point + one STRtree query over "
+             "the same fences) in one process, measured in the same run. lost/duplicated reconcile the "
+             "events against the oracle (loadgen/reference.py). Warm-up batches run before the clock starts.",
+             "",
+             "`tracks`: dense (a fix every 30 s) or sparse (a fix every 5–15 min, 5% uploaded late; "
+             "`--tracks sparse`).", "",
+             "| fences | devices | points | tracks | offered | points/s | vectorized limit | ratio | event p50 (ms) | "
+             "event p99 (ms) | events | lost | duplicated | batches | run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p, r in pushes:
+        lat = r.get("event_latency_ms") or {}
+        offered = f"{_fmt(float(r['offered_rate']))}/s" if r.get("offered_rate") else "flood"
+        lines.append("| " + " | ".join(_fmt(x) for x in (
+            r.get("fences"), r.get("devices"), r.get("points"), r.get("tracks") or "dense", offered,
+            r.get("points_per_s"), r.get("vectorized_limit_points_per_s"))) + f" | {_fmt(r.get('ratio_to_limit'), 3)} | "
+            + " | ".join(_fmt(x) for x in (lat.get("p50"), lat.get("p99"), r.get("events"), r.get("lost"),
+                                            r.get("duplicated"), r.get("batches")))
+            + f" | {_date(p, r)} |")
+    lines.append("")
+    for p, r in pushes:
+        pace = f", paced at {r['offered_rate']:,.0f} reports/s" if r.get("offered_rate") else ""
+        pace += ", sparse collars" if r.get("tracks") == "sparse" else ""
+        lines += [f"### {_fmt(r.get('fences'))} fences, {_fmt(r.get('devices'))} devices, "
+                  f"{_fmt(r.get('points'))} points{pace}", ""] + _provenance(p, r)
+        png = p.with_suffix(".png")
+        if png.exists():
+            lines += [f"![push {p.stem}]({png.name})", ""]
+        bs = r.get("batch_seconds") or {}
+        if bs:
+            lines += [f"{r.get('batches')} micro-batches, mean {bs.get('mean')} s (max {bs.get('max')} s), "
+                      f"mean {_fmt(bs.get('points_mean'))} points per batch.", ""]
+    return lines
+
+
+def _pull(pulls: list[tuple[Path, dict]]) -> list[str]:
+    if not pulls:
+        return []
+    lines = ["## Pull: who is inside?", "",
+             "Fences and devices are loaded, every device gets a few reports through the job, then concurrent "
+             "keep-alive clients alternate `GET /v1/fences/{id}/devices` and `POST /v1/query/within` (an area "
+             "around a random fence), each with its farm's key. \"as asked\": plain requests, which each API "
+             "worker may answer from its answer cache; \"no-cache\": the same mix with `Cache-Control: "
+             "no-cache`, every answer read from Redis. `streams`: live event streams held open meanwhile "
+             "(`--streams N`), with the delay from a report's POST to its event on every stream.", "",
+             "| fences | devices | client | connections | streams | requests | queries/s | p50 (ms) | p99 (ms) | "
+             "errors | event delay p99 (s) | run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p, r in pulls:
+        live = r.get("streams") or {}
+        delay = (live.get("delay_s") or {}).get("p99") if isinstance(live, dict) else None
+        runs = [("as asked", r)] + ([("no-cache", r["uncached"])] if r.get("uncached") else [])
+        for label, run in runs:
+            lat = run.get("latency_ms") or {}
+            lines.append(f"| {_fmt(r.get('fences'))} | {_fmt(r.get('devices'))} | {r.get('client')} | "
+                         f"{r.get('connections')} | {_fmt(live.get('streams')) if live else 0} | {label} | "
+                         f"{_fmt(run.get('queries_per_s'))} | {lat.get('p50')} | {lat.get('p99')} | {run.get('errors')} | "
+                         f"{_fmt(delay, 2) if label == 'as asked' and delay is not None else '—'} | {_date(p, r)} |")
+    lines.append("")
+    for p, r in pulls:
+        lines += _provenance(p, r)
+        png = p.with_suffix(".png")
+        if png.exists():
+            lines += [f"![pull {p.stem}]({png.name})", ""]
+    return lines
+
+
+def _failover(runs: list[tuple[Path, dict]]) -> list[str]:
+    if not runs:
+        return []
+    lines = ["## Take-over: the active job killed or frozen", "",
+             "A paced producer writes to `gps.reports` while the freshness lag (now − the newest processed "
+             "report time of sampled devices) is sampled every 100 ms. The active job is killed (kill -9), "
+             "then the new active job is frozen (SIGSTOP) past its lease. `fresh`: from the fault until the "
+             "lag is first back at its steady level; `outage`: until it stays there for 2 s.", "",
+             "| fault | rate (reports/s) | steady lag p50 (ms) | take-over (ms) | fresh (ms) | outage (ms) | "
+             "worst lag (ms) | lost | duplicated | run |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for p, r in runs:
+        for fault, label in (("kill", "kill -9"), ("stop", "SIGSTOP")):
+            f = r.get(fault) or {}
+            if not f:
+                continue
+            lines.append(f"| {label} | {_fmt(r.get('rate'))} | {_fmt((r.get('steady_lag_ms') or {}).get('p50'))} | "
+                         f"{_fmt(f.get('takeover_ms'))} | {_fmt(f.get('fresh_ms'))} | {_fmt(f.get('outage_ms'))} | "
+                         f"{_fmt(f.get('worst_lag_ms'))} | {r.get('lost')} | {r.get('duplicated')} | {_date(p, r)} |")
+    lines.append("")
+    for p, r in runs:
+        lines += _provenance(p, r)
+        png = p.with_suffix(".png")
+        if png.exists():
+            lines += [f"![failover {p.stem}]({png.name})", ""]
+    return lines
+
+
+def _devices(runs: list[tuple[Path, dict]]) -> list[str]:
+    if not runs:
+        return []
+    lines = ["## Devices: cost per point and memory, 10k to 1M devices", "",
+             "One fresh private stack per row, the real job, every event reconciled against the oracle.", "",
+             "| fences | devices | points | points/s | µs/point | lost | duplicated | job driver MB | job JVM MB | "
+             "largest worker MB | Redis masters MB | Redis bytes/device (live state) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for _, summary in runs:
+        for r in summary.get("runs") or []:
+            lines.append("| " + " | ".join(_fmt(r.get(k)) for k in ("fences", "devices", "points")) +
+                         f" | {_fmt(r.get('points_per_s'))} | {_fmt(r.get('us_per_point'), 1)} | {r.get('lost')} | "
+                         f"{r.get('duplicated')} | {_fmt(r.get('driver_mb'))} | {_fmt(r.get('jvm_mb'))} | "
+                         f"{_fmt(r.get('worker_max_mb'))} | {_fmt(r.get('redis_masters_mb'))} | "
+                         f"{_fmt(r.get('redis_state_bytes_per_device'))} |")
+    lines.append("")
+    for p, r in runs:
+        lines += _provenance(p, r)
+        png = p.with_suffix(".png")
+        if png.exists():
+            lines += [f"![devices {p.stem}]({png.name})", ""]
+    return lines
+
+
+def _fences(runs: list[tuple[Path, dict]]) -> list[str]:
+    if not runs:
+        return []
+    lines = ["## Fences: 10k vs 1M", "",
+             "The job's matching call (`FenceCache.match`) over 1M points spread over the same farms, caches "
+             "loaded from a private Redis Cluster, points in the job's order.", "",
+             "| fences | bulk load (s) | Redis bytes/fence | fences cached, largest partition | ns/point | "
+             "ns/point with H3 | vectorized limit (points/s) |", "|---|---|---|---|---|---|---|"]
+    for _, summary in runs:
+        for r in summary.get("results") or []:
+            match, cache = r.get("match") or {}, r.get("cache") or {}
+            lines.append(f"| {_fmt(r.get('fences'))} | {_fmt((r.get('load') or {}).get('seconds'), 1)} | "
+                         f"{_fmt((r.get('redis_memory') or {}).get('bytes_per_fence'))} | "
+                         f"{_fmt(cache.get('fences_cached_max'))} | {_fmt(match.get('ns_per_point'))} | "
+                         f"{_fmt(match.get('ns_per_point_with_h3'))} | "
+                         f"{_fmt((r.get('vectorized_limit') or {}).get('points_per_s'))} |")
+        if summary.get("per_point_cost_ratio") is not None:
+            lines += ["", f"Per-point cost ratio (most ÷ fewest fences): {summary['per_point_cost_ratio']}."]
+    lines.append("")
+    for p, r in runs:
+        lines += _provenance(p, r)
+    return lines
+
+
+def _elastic(runs: list[tuple[Path, dict]]) -> list[str]:
+    if not runs:
+        return []
+    lines = ["## Elastic loop: a moving hot spot", "",
+             "| partitions | steps to balance | max/mean before | after (p90) | reconfiguration stall (ms) | "
+             "cross-node calls aligned / unaligned | query restarts | lost | duplicated | run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for p, r in runs:
+        lines.append(f"| {r.get('partitions')} | {r.get('steps_to_balance')} | {r.get('max_over_mean_before')} | "
+                     f"{r.get('max_over_mean_after')} | {r.get('reconfig_stall_ms')} | "
+                     f"{r.get('cross_shard_calls_aligned')} / {r.get('cross_shard_calls_unaligned')} | "
+                     f"{r.get('query_restarts')} | {r.get('lost')} | {r.get('duplicated')} | {_date(p, r)} |")
+    lines.append("")
+    for p, r in runs:
+        lines += _provenance(p, r)
+        png = p.with_suffix(".png")
+        if png.exists():
+            lines += [f"![elastic {p.stem}]({png.name})", ""]
+    return lines
+
+
+def _soak(runs: list[tuple[Path, dict]]) -> list[str]:
+    if not runs:
+        return []
+    lines = ["## Soak: reports through the API at 80% of capacity", "",
+             "| seconds | devices | capacity (reports/s) | achieved (reports/s) | failed reports | request p50 / p99 (ms) | "
+             "job RSS first → last (MB) | API RSS first → last (MB) | duplicate event ids | run |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for p, r in runs:
+        lat, rss = r.get("request_latency_ms") or {}, r.get("rss_mb") or {}
+        job, api = rss.get("job") or {}, rss.get("api") or {}
+        lines.append(f"| {_fmt(r.get('seconds'), 0)} | {_fmt(r.get('devices'))} | {_fmt(r.get('capacity_points_per_s'))} | "
+                     f"{_fmt(r.get('achieved_points_per_s'))} | {r.get('failed_reports')} | {lat.get('p50')} / {lat.get('p99')} | "
+                     f"{_fmt(job.get('first'))} → {_fmt(job.get('last'))} | {_fmt(api.get('first'))} → {_fmt(api.get('last'))} | "
+                     f"{r.get('duplicate_event_ids')} | {_date(p, r)} |")
+    lines.append("")
+    for p, r in runs:
+        lines += _provenance(p, r)
+    return lines
+
+
 def write_report(docs: Path) -> Path:
     pushes, pulls = _load(docs, "push"), _load(docs, "pull")
     lines = ["# herdfence benchmarks", "",
-             "Generated by `herdfence bench report` from the JSON results in this directory; every number "
-             "below was measured by the command shown, on the machine shown, in one run.", ""]
-    m = (pushes or pulls)[0][1].get("machine", {}) if (pushes or pulls) else {}
-    if m:
-        lines += [f"**Machine:** {m.get('cores')} cores ({m.get('cpu') or 'unknown CPU'}), {m.get('memory')} RAM, "
-                  f"Python {m.get('python')}, {m.get('os')}; shared with other work while measuring. "
-                  "Everything (Tansu broker, 3-master Redis Cluster, Spark `local[*]` job, API, load generator) "
-                  "runs on this one machine.", ""]
-    lines += ["## Summary beside FenceX", "",
-              "| | herdfence (this machine) | FenceX (published) | herdfence bar |", "|---|---|---|---|"]
-    if pushes:
-        best = max(pushes, key=lambda x: x[1].get("points_per_s", 0))[1]
-        lines.append(f"| push (stream processing) | {_fmt(best.get('points_per_s'))} points/s end to end "
-                     f"({_fmt(best.get('fences'))} fences, {_fmt(best.get('devices'))} devices), event p99 "
-                     f"{_fmt(best['event_latency_ms'].get('p99'))} ms, lost {best.get('lost')}, duplicated "
-                     f"{best.get('duplicated')}" + _paced_summary(pushes) + f" | {FENCEX['push']} | {BARS['push']} |")
-    if pulls:
-        best = max(pulls, key=lambda x: x[1].get("queries_per_s", 0))[1]
-        lines.append(f"| pull (queries) | {_fmt(best.get('queries_per_s'))} queries/s, p50 "
-                     f"{best['latency_ms'].get('p50')} ms, p99 {best['latency_ms'].get('p99')} ms, errors "
-                     f"{best.get('errors')} (API: 2 uvicorn workers)"
-                     + (f"; with `Cache-Control: no-cache` {_fmt(best['uncached'].get('queries_per_s'))} queries/s, "
-                        f"p99 {best['uncached']['latency_ms'].get('p99')} ms" if best.get("uncached") else "")
-                     + f" | {FENCEX['pull']} | {BARS['pull']} |")
-    lines.append("")
-    if pushes:
-        lines += ["## Push: reports → events, end to end", "",
-                  "Simulated herds (loadgen/herd.py) are produced to `gps.reports` as fast as possible (offered: "
-                  "flood; points/s is then the job's drain rate and latency is mostly queueing behind the "
-                  "backlog) or paced at the offered rate (`--rate`: latency is the job's own); the "
-                  "clock runs from the first report produced until the job's heartbeat has counted every "
-                  "point. Event latency = when the event became visible in Redis (its stream entry id) − when "
-                  "its confirming report was produced. `vectorized limit` = the same membership work (H3 cell "
-                  "of every point + one STRtree `intersects` query over the same fences) in one process, "
-                  "measured in the same run. lost/duplicated reconcile the events against the oracle "
-                  "(loadgen/truth.py). The first micro-batches (Spark and Python-worker warm-up) run on "
-                  "warm-up devices before the clock starts.", "",
-                  "`tracks`: dense (a fix every 30 s) or sparse (battery-saving collars: a fix every 5–15 min, "
-                  "5% uploaded late; `--tracks sparse`).", "",
-                  "| fences | devices | points | tracks | offered | points/s | vectorized limit | ratio | event p50 (ms) | "
-                  "event p99 (ms) | events | lost | duplicated | batches |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-        for _, r in pushes:
-            offered = f"{_fmt(float(r['offered_rate']))}/s" if r.get("offered_rate") else "flood"
-            lines.append("| " + " | ".join(_fmt(x) for x in (
-                r.get("fences"), r.get("devices"), r.get("points"), r.get("tracks") or "dense", offered,
-                r.get("points_per_s"),
-                r.get("vectorized_limit_points_per_s"))) + f" | {_fmt(r.get('ratio_to_limit'), 3)} | "
-                + " | ".join(_fmt(x) for x in (r["event_latency_ms"].get("p50"), r["event_latency_ms"].get("p99"),
-                                                r.get("events"), r.get("lost"), r.get("duplicated"), r.get("batches")))
-                + " |")
-        lines.append("")
-        for p, r in pushes:
-            png = p.with_suffix(".png")
-            pace = f", paced at {r['offered_rate']:,.0f} reports/s" if r.get("offered_rate") else ""
-            pace += ", sparse collars" if r.get("tracks") == "sparse" else ""
-            lines += [f"### {r.get('fences'):,} fences, {r.get('devices'):,} devices, {r.get('points'):,} points{pace}",
-                      "",
-                      f"```\n.venv/bin/{r.get('command')}\n```", ""]
-            if png.exists():
-                lines += [f"![push {p.stem}]({png.name})", ""]
-            bs = r.get("batch_seconds") or {}
-            if bs:
-                lines += [f"{r.get('batches')} micro-batches, mean {bs.get('mean')} s (max {bs.get('max')} s), "
-                          f"mean {_fmt(bs.get('points_mean'))} points per batch; setup (not timed): "
-                          f"{r.get('setup_seconds')}.", ""]
-    if pulls:
-        lines += ["## Pull: who is inside?", "",
-                  "Fences and devices are loaded, every device gets a few reports through the job (positions, "
-                  "memberships), then concurrent keep-alive clients alternate `GET /v1/fences/{id}/devices` "
-                  "and `POST /v1/query/within` (an area around a random fence), each with its farm's key. "
-                  "\"as asked\": plain requests, which each API worker may answer from its answer cache (kept "
-                  "until the job or an edit publishes a change for the farm); \"no-cache\": the same mix with "
-                  "`Cache-Control: no-cache`, every answer read from Redis (a herd that never stands still).", "",
-                  "| fences | devices | client | connections | requests | queries/s | p50 (ms) | p99 (ms) | errors |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for _, r in pulls:
-            runs = [("as asked", r)] + ([("no-cache", r["uncached"])] if r.get("uncached") else [])
-            for label, run in runs:
-                lines.append(f"| {_fmt(r.get('fences'))} | {_fmt(r.get('devices'))} | {r.get('client')} | "
-                             f"{r.get('connections')} | {label} | {_fmt(run.get('queries_per_s'))} | "
-                             f"{run['latency_ms'].get('p50')} | {run['latency_ms'].get('p99')} | {run.get('errors')} |")
-        lines.append("")
-        for p, r in pulls:
-            png = p.with_suffix(".png")
-            lines += [f"```\n.venv/bin/{r.get('command')}\n```", ""]
-            if png.exists():
-                lines += [f"![pull {p.stem}]({png.name})", ""]
-    notes = docs / "benchmarks-notes.md"
-    if notes.exists():
-        lines += [notes.read_text().strip(), ""]
+             "Generated by `herdfence bench report` from the result files in this directory. Every figure "
+             "was measured by the command shown, on the machine shown, in one run, on the date shown. "
+             "Everything of a run (broker, Redis Cluster, Spark job, API, load generator) shares that one "
+             "machine.", ""]
+    lines += _summary(pushes, pulls)
+    lines += _push(pushes)
+    lines += _pull(pulls)
+    lines += _failover(_load_one(docs, "bench-failover*.json"))
+    lines += _devices(_load_one(docs, "bench-devices.json"))
+    lines += _fences(_load_one(docs, "bench-fences.json"))
+    lines += _elastic(_load_one(docs, "elastic-skew*.json"))
+    lines += _soak(_load_one(docs, "soak-*.json"))
     lines += ["## Reproduce", "",
               "On a running stack (`herdfence up --detach`) the benches use it; otherwise they start a private "
-              "stack on ports 22092 / 22101-22103 / 22800 in a temporary HERDFENCE_HOME and stop it after. "
-              "Then `herdfence bench report` rewrites this file.", ""]
+              "stack in a temporary HERDFENCE_HOME and stop it after. Write the result into `docs/` with "
+              "`--json docs/<name>.json`, then `herdfence bench report` rewrites this file.", ""]
     out = docs / "benchmarks.md"
     out.write_text("\n".join(lines))
     return out
