@@ -104,8 +104,12 @@ class Deliverer:
         self.redis = redis
         self.consumer = consumer or f"api-{os.getpid()}"
         self.allow_private = allow_private
-        # never follows redirects: a 3xx is a failed delivery, not a way around the target check
+        # never follows redirects: a 3xx is a failed delivery, not a way around the target check.
+        # Connections are pooled by address: over plain HTTP one may carry several names' deliveries,
+        # but a TLS connection is verified for one name, so HTTPS deliveries each get their own.
         self.client = httpx.AsyncClient(timeout=5, follow_redirects=False)
+        self.tls_client = httpx.AsyncClient(timeout=5, follow_redirects=False,
+                                            limits=httpx.Limits(max_keepalive_connections=0))
         self.farms: dict[str, asyncio.Task] = {}
 
     async def run(self) -> None:
@@ -160,15 +164,24 @@ class Deliverer:
             await run_in_threadpool(self.redis.xack, stream, GROUP, entry_id)
         return True
 
+    async def send(self, url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+        """POST to the address the target check passed (resolved once, here), never to whatever the
+        name resolves to by the time the connection opens."""
+        target = await run_in_threadpool(webhook_targets.pin, url, self.allow_private)
+        client = self.tls_client if target.server_name else self.client
+        return await client.post(target.url, content=body, headers={**headers, "host": target.host},
+                                 extensions=target.extensions)
+
     async def _post(self, farm_id: str, hook: dict, body: bytes) -> None:
         problem = ""
         for delay in RETRY_DELAYS_S:
             try:
-                await run_in_threadpool(webhook_targets.check, hook["url"], self.allow_private)
-                resp = await self.client.post(hook["url"], content=body, headers=signed_headers(hook["secret"], body))
+                resp = await self.send(hook["url"], body, signed_headers(hook["secret"], body))
                 if resp.status_code < 300:
                     return
                 problem = f"HTTP {resp.status_code}"
+            except webhook_targets.Unresolvable as err:
+                problem = str(err)           # DNS trouble may pass: try again
             except webhook_targets.TargetRefused as err:
                 problem = str(err)
                 break                        # re-pointed at a private address: do not try again
