@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy import procs
-from fencing.config import Settings
+from fencing.config import Settings, read_env
 
 MASTER = "spark_master"
 DEFAULT_PORT = 7077
@@ -32,8 +32,7 @@ class SparkPorts:
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> SparkPorts:
-        env = os.environ if env is None else env
-        return cls(int(env.get(PORT_ENV) or DEFAULT_PORT))
+        return cls(read_env(env).embedded_spark_port)
 
     @property
     def master_ui(self) -> int:

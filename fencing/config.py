@@ -1,16 +1,22 @@
-"""Configuration from HERDFENCE_* environment variables, shared by every part.
+"""Configuration from HERDFENCE_* environment variables, shared by every part: `Settings` (where
+things are) and `Tuning` (the job's and the API's knobs), built from the typed model in
+fencing/settings_model.py, which checks every variable (docs/configuration.md lists them).
 
 Unset variables mean "the embedded stack": Tansu on 127.0.0.1:9092, a 3-master Redis Cluster on
 127.0.0.1:7101-7103 (3 masters), Spark in local[*], the API on 127.0.0.1:8000.
 """
 from __future__ import annotations
 
-import os
-import re
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+
+# The typed model of the variables, and the checks of single values, live in fencing/settings_model.py.
+from fencing.settings_model import (  # noqa: F401 - the configuration's public names
+    FLAG_ACCEPTS, ConfigError, DeployError, HerdfenceEnv, _flag, _hostport, _tcp, check_spark_master, read_env,
+    unknown_vars)
 
 # Embedded ports. HERDFENCE_EMBEDDED_KAFKA_PORT / HERDFENCE_EMBEDDED_REDIS_PORT (the first of three)
 # move the embedded stack, so that a test session can run beside a developer's stack.
@@ -23,38 +29,21 @@ TOPIC_EVENTS = "fence.events"
 REPORT_PARTITIONS = 4
 
 
-_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
-
-
-def flag(env: dict[str, str], var: str, default: bool) -> bool:
-    """The one reader of on/off settings: 1/true/yes/on and 0/false/no/off (any case); unset or
-    empty → `default`; anything else is an error naming the variable."""
-    value = (env.get(var) or "").strip().lower()
-    if not value:
-        return default
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
-    raise DeployError(f"{var}={env[var]!r}: expected one of {', '.join(_ON + _OFF)}")
-
-
-def number(env: dict[str, str], var: str, default: float, minimum: float = 0.0, kind: type = float):
+def flag(env: Mapping[str, str], var: str, default: bool) -> bool:
+    """The one reader of on/off values: 1/true/yes/on and 0/false/no/off (any case); unset or empty →
+    `default`; anything else is a ConfigError naming the variable."""
     value = (env.get(var) or "").strip()
     if not value:
-        return kind(default)
+        return default
     try:
-        out = kind(value)
+        return _flag(value)
     except ValueError:
-        raise DeployError(f"{var}={value!r}: expected a{'n integer' if kind is int else ' number'}") from None
-    if not out >= minimum:          # also refuses nan
-        raise DeployError(f"{var}={value!r}: must be at least {minimum}")
-    return out
+        raise ConfigError([f"{var}={env[var]!r} is not valid: {FLAG_ACCEPTS}"]) from None
 
 
 @dataclass(frozen=True)
 class Tuning:
-    """The job's and the API's knobs (README, "Configuration"), read once per process from the
+    """The job's and the API's knobs (docs/configuration.md), read once per process from the
     environment and validated there: a malformed value stops the process at start with a clear error."""
     trigger: str = "250 milliseconds"            # HERDFENCE_TRIGGER
     max_offsets_per_trigger: int = 1_000_000     # HERDFENCE_MAX_OFFSETS_PER_TRIGGER
@@ -85,71 +74,50 @@ class Tuning:
     fork_server: bool = True                     # HERDFENCE_FORK_SERVER: the query's Python runner from a warm fork server (local Spark)
 
 
-def load_tuning(env: dict[str, str] | None = None) -> Tuning:
-    env = dict(os.environ if env is None else env)
-    d = Tuning()
+def load_tuning(env: Mapping[str, str] | None = None) -> Tuning:
+    m = read_env(env)
     return Tuning(
-        trigger=(env.get("HERDFENCE_TRIGGER") or d.trigger).strip(),
-        max_offsets_per_trigger=number(env, "HERDFENCE_MAX_OFFSETS_PER_TRIGGER", d.max_offsets_per_trigger, 1, int),
-        elastic=flag(env, "HERDFENCE_ELASTIC", d.elastic),
-        migrate_slots=flag(env, "HERDFENCE_MIGRATE_SLOTS", d.migrate_slots),
-        fence_preload=flag(env, "HERDFENCE_FENCE_PRELOAD", d.fence_preload),
-        keep_warm_s=number(env, "HERDFENCE_KEEP_WARM_SECONDS", d.keep_warm_s),
-        silent_after_s=number(env, "HERDFENCE_SILENT_SECONDS", d.silent_after_s),
-        silent_scan_s=number(env, "HERDFENCE_SILENT_SCAN_SECONDS", d.silent_scan_s),
-        retention_days=number(env, "HERDFENCE_EVENT_RETENTION_DAYS", d.retention_days),
-        trim_every_s=number(env, "HERDFENCE_EVENT_TRIM_SECONDS", d.trim_every_s),
-        jvm_options=env.get("HERDFENCE_JVM_OPTIONS", d.jvm_options),
-        driver_host=env.get("HERDFENCE_DRIVER_HOST") or d.driver_host,
-        driver_bind=env.get("HERDFENCE_DRIVER_BIND") or "",
-        driver_memory=env.get("HERDFENCE_DRIVER_MEMORY") or d.driver_memory,
-        scale_watch=flag(env, "HERDFENCE_SCALE_WATCH", d.scale_watch),
-        rate_device=number(env, "HERDFENCE_RATE_DEVICE", d.rate_device, 0.001),
-        rate_farm_reports=number(env, "HERDFENCE_RATE_FARM_REPORTS", d.rate_farm_reports, 0.001),
-        rate_farm=number(env, "HERDFENCE_RATE_FARM", d.rate_farm, 0.001),
-        api_workers=number(env, "HERDFENCE_API_WORKERS", d.api_workers, 1, int),
-        objectstore_fsync=flag(env, "HERDFENCE_OBJECTSTORE_FSYNC", d.objectstore_fsync),
-        broker_keep_s=number(env, "HERDFENCE_BROKER_KEEP_SECONDS", d.broker_keep_s, 0.0),
-        owner_pid=number(env, "HERDFENCE_OWNER_PID", d.owner_pid, 0, int),
-        job_standby=flag(env, "HERDFENCE_JOB_STANDBY", d.job_standby),
-        lease_ms=number(env, "HERDFENCE_JOB_LEASE_MS", d.lease_ms, 300, int),
-        standby_nice=min(19, number(env, "HERDFENCE_STANDBY_NICE", d.standby_nice, 0, int)),
-        single_task_records=number(env, "HERDFENCE_SINGLE_TASK_RECORDS", d.single_task_records, 0, int),
-        fork_server=flag(env, "HERDFENCE_FORK_SERVER", d.fork_server),
+        trigger=m.trigger, max_offsets_per_trigger=m.max_offsets_per_trigger, elastic=m.elastic,
+        migrate_slots=m.migrate_slots, fence_preload=m.fence_preload, keep_warm_s=m.keep_warm_seconds,
+        silent_after_s=m.silent_seconds, silent_scan_s=m.silent_scan_seconds, retention_days=m.event_retention_days,
+        trim_every_s=m.event_trim_seconds, jvm_options=m.jvm_options, driver_host=m.driver_host,
+        driver_bind=m.driver_bind or "", driver_memory=m.driver_memory, scale_watch=m.scale_watch,
+        rate_device=m.rate_device, rate_farm_reports=m.rate_farm_reports, rate_farm=m.rate_farm,
+        api_workers=m.api_workers, objectstore_fsync=m.objectstore_fsync, broker_keep_s=m.broker_keep_seconds,
+        owner_pid=m.owner_pid, job_standby=m.job_standby, lease_ms=m.job_lease_ms, standby_nice=m.standby_nice,
+        single_task_records=m.single_task_records, fork_server=m.fork_server,
     )
 
 
-def spark_cluster_conf(env: dict[str, str] | None = None) -> dict[str, str]:
+def spark_cluster_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """Spark settings for a cluster master (executor size, dynamic allocation)."""
-    env = os.environ if env is None else env
-    conf = {"spark.executor.cores": env.get("HERDFENCE_EXECUTOR_CORES", "1"),
-            "spark.executor.memory": env.get("HERDFENCE_EXECUTOR_MEMORY", "1g"),
+    m = read_env(env)
+    conf = {"spark.executor.cores": str(m.executor_cores), "spark.executor.memory": m.executor_memory,
             # A micro-batch's tasks should start at once on any executor, not wait for locality.
             "spark.locality.wait": "0s"}
     # Pinned driver ports (containers, firewalls): executors connect back to the driver on these.
-    if env.get("HERDFENCE_DRIVER_PORT"):
-        conf["spark.driver.port"] = env["HERDFENCE_DRIVER_PORT"]
-    if env.get("HERDFENCE_BLOCKMANAGER_PORT"):
-        conf["spark.blockManager.port"] = env["HERDFENCE_BLOCKMANAGER_PORT"]
-    if env.get("HERDFENCE_EXECUTOR_PYTHON"):
-        conf["spark.pyspark.python"] = env["HERDFENCE_EXECUTOR_PYTHON"]
-    if flag(env, "HERDFENCE_DYNAMIC_ALLOCATION", True):
-        lo = number(env, "HERDFENCE_MIN_EXECUTORS", 1, 0, int)
-        hi = max(lo, number(env, "HERDFENCE_MAX_EXECUTORS", 16, 1, int))
-        initial = min(hi, max(lo, number(env, "HERDFENCE_INITIAL_EXECUTORS", lo, 0, int)))
+    if m.driver_port:
+        conf["spark.driver.port"] = str(m.driver_port)
+    if m.blockmanager_port:
+        conf["spark.blockManager.port"] = str(m.blockmanager_port)
+    if m.executor_python:
+        conf["spark.pyspark.python"] = m.executor_python
+    if m.dynamic_allocation:
+        lo = m.min_executors
+        hi = max(lo, m.max_executors)
+        initial = min(hi, max(lo, lo if m.initial_executors is None else m.initial_executors))
         conf.update({
             "spark.dynamicAllocation.enabled": "true",
             # No external shuffle service: executors holding shuffle data are tracked instead.
             "spark.dynamicAllocation.shuffleTracking.enabled": "true",
-            "spark.dynamicAllocation.shuffleTracking.timeout": env.get("HERDFENCE_SHUFFLE_TRACKING_TIMEOUT",
-                                                                       "120s"),
+            "spark.dynamicAllocation.shuffleTracking.timeout": m.shuffle_tracking_timeout,
             "spark.dynamicAllocation.minExecutors": str(lo),
             "spark.dynamicAllocation.maxExecutors": str(hi),
             "spark.dynamicAllocation.initialExecutors": str(initial),
             # Micro-batches queueing for 1 s ask for more executors; 60 s without a task gives one back.
-            "spark.dynamicAllocation.schedulerBacklogTimeout": env.get("HERDFENCE_BACKLOG_TIMEOUT", "1s"),
+            "spark.dynamicAllocation.schedulerBacklogTimeout": m.backlog_timeout,
             "spark.dynamicAllocation.sustainedSchedulerBacklogTimeout": "1s",
-            "spark.dynamicAllocation.executorIdleTimeout": env.get("HERDFENCE_EXECUTOR_IDLE_TIMEOUT", "60s"),
+            "spark.dynamicAllocation.executorIdleTimeout": m.executor_idle_timeout,
         })
     return conf
 
@@ -238,109 +206,23 @@ class Settings:
         return self.home / "run"
 
 
-def load_settings(env: dict[str, str] | None = None) -> Settings:
-    env = dict(os.environ if env is None else env)
+def load_settings(env: Mapping[str, str] | None = None) -> Settings:
+    m = read_env(env)
     return Settings(
-        home=Path(env.get("HERDFENCE_HOME") or "./.herdfence").resolve(),
-        kafka=env.get("HERDFENCE_KAFKA") or None,
-        redis=env.get("HERDFENCE_REDIS") or None,
-        spark_master=env.get("HERDFENCE_SPARK_MASTER") or None,
-        api_port=int(env.get("HERDFENCE_API_PORT") or 8000),
-        embedded_kafka_port=int(env.get("HERDFENCE_EMBEDDED_KAFKA_PORT") or DEFAULT_KAFKA_PORT),
-        embedded_redis_port=int(env.get("HERDFENCE_EMBEDDED_REDIS_PORT") or DEFAULT_REDIS_PORT),
-        embedded_redis_masters=max(1, int(env.get("HERDFENCE_EMBEDDED_REDIS_MASTERS") or REDIS_MASTERS)),
-        webhook_allow_private=flag(env, "HERDFENCE_WEBHOOK_ALLOW_PRIVATE", False),
-        streams_per_farm=number(env, "HERDFENCE_STREAMS_PER_FARM", 100, 1, int),
-        broker_durable=_broker_storage(env.get("HERDFENCE_BROKER_STORAGE") or "disk"),
-        redis_appendfsync=_choice("HERDFENCE_REDIS_APPENDFSYNC", env.get("HERDFENCE_REDIS_APPENDFSYNC") or "everysec",
-                                  ("everysec", "always", "no", "off")),
-        redis_save=_save_rule(env.get("HERDFENCE_REDIS_SAVE", "3600 1")),
-        redis_maxmemory=_memory_size("HERDFENCE_REDIS_MAXMEMORY", env.get("HERDFENCE_REDIS_MAXMEMORY") or "4gb"),
+        home=Path(m.home).resolve(), kafka=m.kafka, redis=m.redis, spark_master=m.spark_master,
+        api_port=m.api_port, embedded_kafka_port=m.embedded_kafka_port, embedded_redis_port=m.embedded_redis_port,
+        embedded_redis_masters=m.embedded_redis_masters, webhook_allow_private=m.webhook_allow_private,
+        streams_per_farm=m.streams_per_farm, broker_durable=m.broker_storage == "disk",
+        redis_appendfsync=m.redis_appendfsync, redis_save=m.redis_save, redis_maxmemory=m.redis_maxmemory,
     )
-
-
-def _choice(var: str, value: str, allowed: tuple[str, ...]) -> str:
-    if value.strip().lower() not in allowed:
-        raise DeployError(f"{var}={value!r}: expected one of {', '.join(allowed)}")
-    return value.strip().lower()
-
-
-def _save_rule(value: str) -> str:
-    if not re.fullmatch(r"(\s*\d+\s+\d+)*\s*", value):
-        raise DeployError(f"HERDFENCE_REDIS_SAVE={value!r}: expected pairs of seconds and changes, e.g. '3600 1'")
-    return " ".join(value.split())
-
-
-def _broker_storage(value: str) -> bool:
-    if value.strip().lower() not in ("disk", "memory"):
-        raise DeployError(f"HERDFENCE_BROKER_STORAGE={value!r}: expected disk or memory")
-    return value.strip().lower() == "disk"
-
-
-def _memory_size(var: str, value: str) -> str:
-    """A Redis memory size (`4gb`, `512mb`, bytes); anything else is a clear error, not a Redis
-    that refuses to start."""
-    text = value.strip().lower()
-    if not re.fullmatch(r"\d+(b|kb|k|mb|m|gb|g)?", text):
-        raise DeployError(f"{var}={value!r} is not a memory size (e.g. 4gb, 512mb)")
-    return text
-
-
-class DeployError(RuntimeError):
-    """A problem the user can fix; the CLI prints its message without a traceback."""
-
-
-# --- checks of single values (the job checks its master at start; deploy/validate.py the rest) ---
-_HOSTPORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+):(\d{1,5})$")
-_LOCAL = re.compile(r"^local(\[(\*|[1-9]\d*)(,\s*[1-9]\d*)?\])?$|^local-cluster\[\d+,\s*\d+,\s*\d+\]$")
-
-
-def _hostport(var: str, value: str) -> tuple[str, int]:
-    m = _HOSTPORT.match(value.strip())
-    if m is None or not 0 < int(m.group(2)) < 65536:
-        raise DeployError(f"{var}={value!r} is malformed: expected host:port (e.g. 10.0.0.5:9092)")
-    return m.group(1).strip("[]"), int(m.group(2))
-
-
-def _tcp(host: str, port: int, timeout: float = 3.0) -> str | None:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return None
-    except OSError as e:
-        return e.strerror or str(e)
-
-
-# --- Spark ---------------------------------------------------------------------------------------
-def check_spark_master(url: str, reach: bool = False) -> None:
-    """local / local[N] / local[*] / spark://h:p[,h:p] / k8s://https://h[:p] / yarn."""
-    var = "HERDFENCE_SPARK_MASTER"
-    if _LOCAL.match(url) or url == "yarn":
-        return
-    if url.startswith("spark://"):
-        hosts = url[len("spark://"):].split(",")
-        if not all(hosts):
-            raise DeployError(f"{var}={url!r} is malformed: expected spark://host:port[,host:port]")
-        addrs = [_hostport(var, h) for h in hosts]
-        if reach and all(_tcp(h, p) for h, p in addrs):
-            raise DeployError(f"{var}={url!r}: no Spark master answers at {', '.join(hosts)} "
-                              f"({_tcp(*addrs[0])}); start it or fix the URL")
-        return
-    if url.startswith("k8s://"):
-        rest = url[len("k8s://"):]
-        if not re.match(r"^(https?://)?[A-Za-z0-9_.-]+(:\d{1,5})?/?$", rest):
-            raise DeployError(f"{var}={url!r} is malformed: expected k8s://https://<api server>[:port]")
-        return
-    raise DeployError(f"{var}={url!r} is malformed: expected local[*], local[N], spark://host:port, "
-                      "k8s://https://host:port or yarn")
 
 
 # --- the executors' code: artefacts built by deploy/artifact.py ----------------------------------
 PYFILES_ENV = "HERDFENCE_PYFILES"  # comma-separated artefacts for the job's SparkContext.addPyFile
 
 
-def pyfiles_from_env(env: dict[str, str] | None = None) -> list[str]:
-    env = os.environ if env is None else env
-    return [p for p in (env.get(PYFILES_ENV) or "").split(",") if p.strip()]
+def pyfiles_from_env(env: Mapping[str, str] | None = None) -> list[str]:
+    return [p for p in read_env(env).pyfiles.split(",") if p.strip()]
 
 
 # Read once per process, at import: every module that needs a knob takes it from here.

@@ -156,20 +156,22 @@ def test_add_a_worker_and_the_job_uses_it(stack):
 
 
 # --- configuration validated at start (no stack needed: `up` must refuse before starting anything) ----
-def _up_fails(tmp_path, **env_vars) -> str:
+def _up_fails(tmp_path, rc: int = 1, **env_vars) -> str:
+    """`up` refuses: 2 for a value the setting does not accept (before anything runs), 1 for one it
+    cannot use (nothing answers there)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
     env.update(CLUSTER_PORTS, HERDFENCE_HOME=str(tmp_path / "home"), HERDFENCE_OWNER_PID=str(os.getpid()), **env_vars)
     done = subprocess.run([HERDFENCE, "up", "--detach"], env=env, cwd=ROOT, capture_output=True, text=True,
                           timeout=60)
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == rc, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert not list((tmp_path / "home" / "run").glob("*.pid")), "something was started"
     return done.stderr
 
 
 def test_malformed_spark_master_is_refused(tmp_path):
-    err = _up_fails(tmp_path, HERDFENCE_SPARK_MASTER="spark:/127.0.0.1")
-    assert "HERDFENCE_SPARK_MASTER='spark:/127.0.0.1' is malformed" in err
+    err = _up_fails(tmp_path, 2, HERDFENCE_SPARK_MASTER="spark:/127.0.0.1")
+    assert "HERDFENCE_SPARK_MASTER='spark:/127.0.0.1' is not valid: a Spark master URL" in err
     err = _up_fails(tmp_path, HERDFENCE_SPARK_MASTER="spark://127.0.0.1:1")
     assert "no Spark master answers" in err
 
@@ -177,7 +179,8 @@ def test_malformed_spark_master_is_refused(tmp_path):
 def test_unreachable_kafka_is_refused(tmp_path):
     err = _up_fails(tmp_path, HERDFENCE_KAFKA="127.0.0.1:1")
     assert "HERDFENCE_KAFKA=127.0.0.1:1: no Kafka broker answers" in err
-    assert "malformed" in _up_fails(tmp_path, HERDFENCE_KAFKA="kafka-without-port")
+    assert "HERDFENCE_KAFKA='kafka-without-port' is not valid: host:port" in _up_fails(
+        tmp_path, 2, HERDFENCE_KAFKA="kafka-without-port")
 
 
 def test_redis_not_a_cluster_or_unreachable_is_refused(tmp_path):
