@@ -9,8 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from deploy.procs import DeployError
-from fencing.config import load_settings
+# fencing.config reads and checks every HERDFENCE_* variable at import: main() imports it where it
+# catches ConfigError, so a bad value is one line and exit 2, never a traceback.
+from fencing.settings_model import ConfigError, DeployError
+
+
+def load_settings():
+    from fencing.config import load_settings as load
+    return load()
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
@@ -156,6 +162,7 @@ PASSTHROUGH = {
     "bench": ("loadgen.bench", "the benchmark", "push | pull | ingest | fences | report ..."),
     "elastic": ("loadgen.elastic_skew", "the elastic loop", "skew | status ..."),
     "export": ("api.export", "export", "export data ..."),
+    "config": ("fencing.config_docs", "the settings", "the effective HERDFENCE_* settings [--json] [--markdown [FILE]]"),
     "demo": ("loadgen.demo", "the demo", "a demo farm with a walking herd [--stop] [--json]"),
 }
 
@@ -168,7 +175,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = build_parser().parse_args(argv)
     try:
+        from fencing.config import load_settings as check   # every variable, before any command
+        check()
         rc = args.func(args)
+    except ConfigError as e:
+        for problem in e.problems:
+            print(f"herdfence: {problem}", file=sys.stderr)
+        rc = 2
     except DeployError as e:
         print(f"herdfence: {e}", file=sys.stderr)
         rc = 1
