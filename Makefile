@@ -30,9 +30,12 @@ $(BIN)/python:
 	@$(PY) -c 'import sys; assert sys.version_info >= (3, 11)' 2>/dev/null || { echo "setup: Python 3.11 is required"; exit 1; }
 	$(PY) -m venv $(VENV)
 
-$(STAMP): $(BIN)/python requirements.lock pyproject.toml
+# the runtime (requirements.lock, all the images install) and the test and bench extras' pins
+LOCKS   := requirements.lock requirements-test.lock requirements-bench.lock
+
+$(STAMP): $(BIN)/python $(LOCKS) pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -r requirements.lock
+	$(BIN)/pip install -q $(addprefix -r ,$(LOCKS))
 	$(BIN)/pip install -q --no-deps -e .
 	@touch $(STAMP)
 

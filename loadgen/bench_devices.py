@@ -71,6 +71,8 @@ def ratios(runs: list[dict]) -> dict[str, float | None]:
 def plot(path: Path, runs: list[dict], title: str) -> None:
     from loadgen.plots import _plt
     plt = _plt()
+    if plt is None:
+        return
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.4))
     for fences in sorted({r["fences"] for r in runs}):
         mine = sorted((r for r in runs if r["fences"] == fences), key=lambda r: r["devices"])

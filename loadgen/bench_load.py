@@ -11,12 +11,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 import pandas as pd
-from tqdm import tqdm
 
 from fencing.model import keys
 from fencing.model.heartbeat import Heartbeat, Progress, read_heartbeat, read_progress
 from loadgen.bench_stack import say
 from loadgen.herd import Simulation
+from loadgen.progress import bar as progress_bar
 
 
 @dataclass
@@ -50,7 +50,7 @@ def load_simulation(redis, sim: Simulation, progress: bool = True, warm_devices=
     farm_of: dict[str, str] = {}
     farm_keys: dict[str, str] = {}
     farms = [f.farm_id for f in sim.farms]
-    bar = tqdm(total=len(farms), unit="farm", desc="farms", disable=not progress)
+    bar = progress_bar(total=len(farms), unit="farm", desc="farms", disable=not progress)
     for start in range(0, len(farms), 2_000):
         pipe = redis.pipeline()
         for sim_farm in farms[start:start + 2_000]:
@@ -72,7 +72,7 @@ def load_simulation(redis, sim: Simulation, progress: bool = True, warm_devices=
         fence_real[fence.fence_id] = (real_farm, real_id)
         fence_sim[(real_farm, real_id)] = fence.fence_id
         triples.append((real_farm, real_id, v))
-    bar = tqdm(total=len(triples), unit="fence", desc="fences", disable=not progress)
+    bar = progress_bar(total=len(triples), unit="fence", desc="fences", disable=not progress)
     for start in range(0, len(triples), 10_000):
         save_fences_bulk(redis, None, triples[start:start + 10_000])
         bar.update(len(triples[start:start + 10_000]))
@@ -147,7 +147,7 @@ def stream_and_wait(stack, reports: pd.DataFrame, progress: bool = True, stall_t
     t_first = time.time()
     stats = write_reports(stack.settings.kafka_bootstrap, reports, rate=rate, progress=progress)
     t_first = float(stats.sent_at_ms[0]) / 1000.0 if len(reports) else t_first
-    bar = tqdm(total=len(reports), unit="pt", desc="processed by the job", disable=not progress)
+    bar = progress_bar(total=len(reports), unit="pt", desc="processed by the job", disable=not progress)
     done_at = None
     last_progress, last_total = time.time(), base
     while True:

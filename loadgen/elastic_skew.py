@@ -184,10 +184,9 @@ def moves_reverted(decisions: list[dict]) -> int:
 
 
 def plot(windows: list[dict], decisions: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    if not windows:
+    from loadgen.plots import _plt
+    plt = _plt() if windows else None
+    if plt is None:
         return
     t0 = windows[0]["time"]
     t = [w["time"] - t0 for w in windows]

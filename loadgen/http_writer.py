@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import httpx
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
+from loadgen.progress import bar as progress_bar
 from loadgen.records import Pacer, WriteStats, report_dicts
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -60,7 +60,7 @@ def write_reports(base_url: str, df: pd.DataFrame, key: str | None = None,
     stats = WriteStats(rows=len(df), sent_at_ms=np.zeros(len(df), dtype=np.int64))
     plan = _batches(df, batch_size, max(1, workers), key, tokens)
     pacer = Pacer(rate)
-    bar = tqdm(total=len(df), unit="rep", disable=not progress, desc="http /v1/reports")
+    bar = progress_bar(total=len(df), unit="rep", disable=not progress, desc="http /v1/reports")
 
     def post(client: httpx.Client, batch: Batch) -> None:
         body = {"reports": [records[i] for i in batch.rows]}

@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pandas as pd
 from confluent_kafka import KafkaException, Producer
-from tqdm import tqdm
 
 from fencing.model import compact_json
 from ingest.producer import PARTITIONER
+from loadgen.progress import bar as progress_bar
 from loadgen.records import Pacer, WriteStats, report_dicts
 
 TOPIC = "gps.reports"
@@ -75,7 +75,7 @@ def write_reports(bootstrap: str, df: pd.DataFrame, rate: float | None = None, t
     chunk = CHUNK if rate is None else max(1, min(CHUNK, int(rate / 20)))
     produce, poll = producer.produce, producer.poll
     t0 = time.perf_counter()
-    with tqdm(total=len(df), unit="rep", disable=not progress, desc=f"kafka {topic}") as bar:
+    with progress_bar(total=len(df), unit="rep", disable=not progress, desc=f"kafka {topic}") as bar:
         for i, (value, key) in enumerate(zip(values, keys)):
             if i % chunk == 0:
                 if i:

@@ -1,6 +1,8 @@
-"""PNG plots of benchmark runs (matplotlib, Agg backend: no display needed)."""
+"""PNG plots of benchmark runs (matplotlib, Agg backend: no display needed). matplotlib comes with the
+`bench` extra; without it a run writes its JSON and skips the plot."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +11,12 @@ from loadgen.bench_load import handled
 
 
 def _plt():
-    import matplotlib
+    """matplotlib.pyplot, or None (said on stderr) when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed (pip install 'herdfence[bench]'): no plot", file=sys.stderr)
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
@@ -19,6 +26,8 @@ def push_plot(path: str | Path, beats: list, t0: float, base: int, latencies_ms:
               produced: tuple[np.ndarray, np.ndarray] | None, title: str) -> None:
     """Left: points/s per heartbeat interval (and the producer's rate); right: event latency CDF."""
     plt = _plt()
+    if plt is None:
+        return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     if len(beats) >= 1:
         t = np.r_[0.0, np.array([b.time for b in beats]) - t0]
@@ -50,6 +59,8 @@ def push_plot(path: str | Path, beats: list, t0: float, base: int, latencies_ms:
 def pull_plot(path: str | Path, runs: dict[str, tuple[float, dict[float, float]]], title: str) -> None:
     """runs: label → (queries/s, {percentile: ms}). Left: queries/s per run; right: their latency CDFs."""
     plt = _plt()
+    if plt is None:
+        return
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     labels = list(runs)
     ax1.bar(labels, [runs[k][0] for k in labels], color=["tab:blue", "tab:orange", "tab:green"][:len(labels)])
@@ -83,6 +94,8 @@ def failover_plot(path: str | Path, samples: list[tuple[float, float]], marks: l
                   result: dict) -> None:
     """Freshness lag over the run, with the faults marked (kill -9, SIGSTOP past the lease)."""
     plt = _plt()
+    if plt is None:
+        return
     if not samples:
         return
     t0 = samples[0][0]
