@@ -58,7 +58,7 @@ def one_round(n: int, load_s: float, ready_s: float) -> dict:
     if not ok:
         return {"round": n, "hang": True, "phase": "first up", "up_s": round(took, 1), "stderr": err}
     farm = json.loads(_cli("farm", "create", f"crash {n}", "--json").stdout)
-    herd = Herd.create(settings.api_url, farm["farm_id"], farm["api_key"], f"c{n}", devices=40, steps=30, seed=n)
+    herd = Herd.create(settings.api_url, farm["farm_id"], farm["api_key"], f"c{n}", devices=40, steps=60, seed=n)
     box: dict = {}
     writer = threading.Thread(target=lambda: box.update(stats=http_writer.write_reports(
         settings.api_url, herd.reports, key=farm["api_key"], batch_size=10, workers=4, retries=60,

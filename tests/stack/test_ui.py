@@ -111,6 +111,16 @@ class Browser:
                 self.proc.wait(timeout=10)
 
 
+def _publish_screenshot(shot: str, name: str) -> None:
+    """A screenshot of a flow that passed becomes the README's picture of the UI (docs/img/NAME), so
+    the picture shows the UI as it is."""
+    source = ARTIFACTS / f"{shot}.png"
+    assert source.stat().st_size > 10_000, f"screenshot {source} is missing or empty"
+    target = ROOT / "docs" / "img" / name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(source.read_bytes())
+
+
 def _ring_centroid_inside(geometry: dict) -> tuple[float, float]:
     from shapely.geometry import shape
 
@@ -207,6 +217,7 @@ def test_farmer_draws_fence_and_sees_exit_alert(stack):
         assert out["axe"] == [], f"axe on the desktop app with alerts: {out['axe']}"
         events = farm.get("/v1/events", params={"device_id": device_id}).json()["events"]
         assert [e["type"] for e in events if e["fence_id"] == fence_id][-2:] == ["enter", "exit"], events
+        _publish_screenshot("05-cow-left-exit-alert", "ui-desktop.png")
 
         # 4. phone-sized screen with the herd on it
         b.send(cmd="mobile")
@@ -331,6 +342,7 @@ def test_farmer_phone_flow_by_touch(stack):
         left = b.expect("alert_exit", timeout=EVENT_WAIT_MS / 1000 + 30)
         assert device_id in left["text"] and "left" in left["text"] and left["flash"] is True, left
         assert near["icon"] != left["icon"], "APPROACH must look apart from (quieter than) EXIT"
+        _publish_screenshot("phone-05-alert-exit", "ui-phone.png")
 
         # 3. the herd at a glance and time in paddock
         b.send(cmd="herd", device_id=device_id)
