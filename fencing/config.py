@@ -68,6 +68,7 @@ class Tuning:
     broker_keep_s: float = 30.0                  # HERDFENCE_BROKER_KEEP_SECONDS: consumed gps.reports kept this long
     owner_pid: int = 0                           # HERDFENCE_OWNER_PID: the stack stops when this process is gone
     job_standby: bool = True                     # HERDFENCE_JOB_STANDBY: a hot standby job beside the active one
+    skip_lost_offsets: bool = False              # HERDFENCE_SKIP_LOST_OFFSETS: the job's source skips lost offsets
     lease_ms: int = 600                          # HERDFENCE_JOB_LEASE_MS: the active job's lease
     standby_nice: int = 10                       # HERDFENCE_STANDBY_NICE: a standby's CPU niceness (0: off)
     single_task_records: int = 10_000            # HERDFENCE_SINGLE_TASK_RECORDS: a batch this small runs as one task (0: never)
@@ -84,7 +85,7 @@ def load_tuning(env: Mapping[str, str] | None = None) -> Tuning:
         driver_bind=m.driver_bind or "", driver_memory=m.driver_memory, scale_watch=m.scale_watch,
         rate_device=m.rate_device, rate_farm_reports=m.rate_farm_reports, rate_farm=m.rate_farm,
         api_workers=m.api_workers, objectstore_fsync=m.objectstore_fsync, broker_keep_s=m.broker_keep_seconds,
-        owner_pid=m.owner_pid, job_standby=m.job_standby, lease_ms=m.job_lease_ms, standby_nice=m.standby_nice,
+        owner_pid=m.owner_pid, job_standby=m.job_standby, skip_lost_offsets=m.skip_lost_offsets, lease_ms=m.job_lease_ms, standby_nice=m.standby_nice,
         single_task_records=m.single_task_records, fork_server=m.fork_server,
     )
 

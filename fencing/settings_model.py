@@ -215,6 +215,9 @@ class HerdfenceEnv(BaseSettings):
         20.0, JOB, "while no micro-batch has run for this long, a tiny job meets every pooled Python worker so "
         "that Spark keeps them (and their loaded fences). 0: off")
     job_standby: Flag = setting(True, JOB, "a hot standby job process beside the active one")
+    skip_lost_offsets: Flag = setting(
+        False, JOB, "the recovery from a loud data-loss failure (docs/operations.md): the job skips input "
+        "offsets the broker no longer holds (logged) instead of stopping. Set it for one `up`, then unset it")
     job_lease_ms: Annotated[int, at.Ge(300)] = setting(
         600, JOB, "the active job's lease, renewed every fifth of it; a job that misses its renewals this long "
         "is replaced by the standby")

@@ -213,6 +213,8 @@ def _source(spark: SparkSession, settings: Settings, starting: str = "earliest",
             .option("startingOffsets", starting)
             .option("maxOffsetsPerTrigger", str(max_offsets))
             .option("singleTaskMaxRecords", str(SINGLE_TASK_RECORDS))
+            # a loud failure on lost offsets, unless the operator asked to skip them (docs/operations.md)
+            .option("failOnDataLoss", "false" if TUNING.skip_lost_offsets else "true")
             .load())
 
 
