@@ -20,13 +20,20 @@ calls on single geometries. The rules (docs/events.md):
   fence active at both; min_stretch = max(10 m, 2 x the larger accuracy_m of the two reports); a
   segment shorter than 30 m implies nothing;
 * late: a report older than the device's last counted one, at most 24 h older, not before its first
-  counted one nor before the end of a stay it has forgotten (it remembers 8), is kept; at the end of
-  each batch with new late fixes, per fence, over all kept late fixes in time order: a fix disagrees
-  when its membership differs from the confirmed one at its time; disagreement debounced by the
-  fence's rule confirms a departure, agreement debounced again confirms the return; with the same
-  confirmed membership at both, EXIT+ENTER (ENTER+EXIT when it was outside) at the two fixes, late,
-  each excursion once. Late fixes are replayed where they arrived: before the device's next report
-  that is not late (or at the end of the batch), so where the batches fall does not matter.
+  counted one nor before the end of a stay it has forgotten (it remembers 8), is kept (unless it
+  repeats a live fix the device remembers); each time late fixes are added, per fence, over the kept
+  late fixes and the device's last 4 counted (live) fixes of the last 24 h in time order: a late fix
+  disagrees when its membership differs from the confirmed one at its time, a live fix when its
+  membership differed from the confirmed state right after its own step; disagreement debounced by
+  the fence's rule confirms a departure, agreement debounced again confirms the return; a departure
+  whose streak holds a late fix and a return with the same confirmed membership at both give
+  EXIT+ENTER (ENTER+EXIT when it was outside) at the two fixes, late, unless either of the two came
+  out before (each excursion once, whole). A
+  departure streak that began at or before the newest live fix the device forgot (or one older than
+  24 h) is judged on late fixes only until it ends. While a departure (or a departure streak) with a
+  late fix waits at the end of the timeline, each new counted report is followed by the same
+  judgement. Late fixes are replayed where they arrived: before the device's next report that is not
+  late (or at the end of the batch), so where the batches fall does not matter.
 """
 from __future__ import annotations
 
@@ -100,6 +107,10 @@ class _Device:
     stays: list[tuple[str, int, int]] = field(default_factory=list)    # every confirmed stay that ended
     late: dict[tuple[int, float, float], set[str]] = field(default_factory=dict)
     emitted: set[str] = field(default_factory=set)
+    # the last LIVE counted reports: (ts, lat, lon, fences it disagreed with right after its step)
+    live: list[tuple[int, float, float, frozenset[str]]] = field(default_factory=list)
+    forgot: int | None = None           # ts of the newest counted report no longer in `live`
+    waiting: bool = False               # a late departure waits for its return
 
     def end_stay(self, uid: str, since: int | None, t: int) -> None:
         """A stay ended; the oldest ones are forgotten, and late fixes before their end with them."""
@@ -118,6 +129,7 @@ class _Device:
 
 HORIZON_MS = 24 * 3600 * 1000
 MAX_STAYS = 8           # the device remembers its last 8 ended stays (and 24 h of them at most)
+LIVE = 4                # ... and its last 4 counted reports
 
 
 def _metres(lon0: float, lat0: float):
@@ -254,41 +266,70 @@ class Reference:
         dev = self.devices[device]
         start = max(dev.last.ts - HORIZON_MS, dev.first_ts)
         dev.late = {k: v for k, v in dev.late.items() if k[0] >= start}
+        remembered = {(t, lat, lon) for t, lat, lon, _ in dev.live}
         added = False
         for r in fixes:
             key = (r.ts, r.lat, r.lon)
-            if r.ts >= start and key not in dev.late:
+            if r.ts >= start and key not in dev.late and key not in remembered:
                 point = Point(r.lon, r.lat)
                 dev.late[key] = {f.uid for f in self._mine(device) if f.geometry.covers(point)}
                 added = True
-        if not added:
+        if added:
+            self._judge(device)
+
+    def _judge(self, device: str) -> None:
+        dev = self.devices[device]
+        start = max(dev.last.ts - HORIZON_MS, dev.first_ts)
+        dev.late = {k: v for k, v in dev.late.items() if k[0] >= start}
+        dev.waiting = False
+        if not dev.late:
             return
+        forgot = max([t for t, _, _, _ in dev.live if t < start] + ([dev.forgot] if dev.forgot is not None else []),
+                     default=None)
+        fixes = [(k, True, v) for k, v in dev.late.items()]
+        fixes += [((t, lat, lon), False, d) for t, lat, lon, d in dev.live if t >= start]
+        fixes.sort(key=lambda f: f[0])
         farm, _, device_id = device.partition("/")
         for fence in self._mine(device):
-            away, streak, t0, departure = False, 0, 0, None
-            for (t, lat, lon) in sorted(dev.late):
+            away, streak, t0 = False, 0, 0
+            departure = None                # (ts, confirmed inside, a late fix in its streak)
+            late_in_streak = only_late = False
+            for (t, lat, lon), is_late, fences in fixes:
+                if only_late and not is_late:
+                    continue
                 base = dev.was_inside(fence.uid, t)
-                disagree = (fence.uid in dev.late[(t, lat, lon)] and fence.active(t)) != base
+                if is_late:
+                    disagree = (fence.uid in fences and fence.active(t)) != base
+                else:
+                    disagree = fence.uid in fences
                 if disagree == away:
                     streak = 0
+                    if not away:
+                        only_late = False
                     continue
                 if streak == 0:
-                    t0 = t
+                    t0, late_in_streak = t, False
+                    if not away:
+                        only_late = forgot is not None and t <= forgot
+                late_in_streak = late_in_streak or is_late
                 streak += 1
                 if streak < fence.debounce_reports and t - t0 < fence.debounce_seconds * 1000:
                     continue
                 streak, away = 0, disagree
                 if away:
-                    departure = (t, base)
+                    departure = (t, base, late_in_streak)
                     continue
-                if departure is not None and departure[1] == base:
+                if departure is not None and departure[2] and departure[1] == base:
                     kinds = ("exit", "enter") if base else ("enter", "exit")
-                    for kind, at in zip(kinds, (departure[0], t)):
-                        event = RefEvent(device_id, fence.uid.partition("/")[2], kind, at, late=True, farm_id=farm)
-                        if event.event_id not in dev.emitted:
-                            dev.emitted.add(event.event_id)
-                            self.events.append(event)
-                departure = None
+                    pair = [RefEvent(device_id, fence.uid.partition("/")[2], kind, at, late=True, farm_id=farm)
+                            for kind, at in zip(kinds, (departure[0], t))]
+                    if all(e.event_id not in dev.emitted for e in pair):     # whole, once
+                        dev.emitted.update(e.event_id for e in pair)
+                        self.events += pair
+                departure, only_late = None, False
+            if not only_late and ((away and departure is not None and departure[2])
+                                  or (not away and streak and late_in_streak)):
+                dev.waiting = True
 
     def feed(self, report: RefReport, inside: dict[str, bool] | None = None) -> None:
         """One report; `inside`: its membership per fence of its farm, when the caller computed it."""
@@ -336,6 +377,13 @@ class Reference:
                 dev.fences[fence.uid] = state
             else:
                 dev.fences.pop(fence.uid, None)
+        after = {u for u, s in dev.fences.items() if s.inside}
+        differ = frozenset(f.uid for f in mine if (inside[f.uid] and f.active(report.ts)) != (f.uid in after))
+        dev.live.append((report.ts, report.lat, report.lon, differ))
+        if len(dev.live) > LIVE:
+            dev.forgot = dev.live.pop(0)[0]
+        if dev.waiting:
+            self._judge(report.device)
 
     def members(self, uid: str) -> set[str]:
         return {d for d, dev in self.devices.items() if uid in dev.fences and dev.fences[uid].inside}

@@ -470,7 +470,8 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
     in this batch: the device's stored state has no pending streak and no dwell still to come; the
     report's res-9 cell is a boundary cell of no fence (so membership is exact from the cells: inside
     the fences whose interior holds the cell, outside all others); that membership (the device's farm's
-    fences) equals the confirmed inside set; no confirmed fence has warn_m or an active window; the
+    fences) equals the confirmed inside set; no confirmed fence has warn_m or an active window; no late
+    excursion waits for its return (`DeviceState.open`: the next fixes may be it); the
     report is newer than every earlier one (a late fix is replayed, never shed); and the segments from
     the last kept fix to it, from it to the next report, and from the last kept fix to the next report
     are all shorter than `crossings.MIN_SEGMENT_M`, so no segment with or without it implies a crossing. Such a report resets no streak and flips nothing, so its
@@ -523,8 +524,8 @@ def shed_reports(redis, table: routing.RoutingTable, batch: pa.Table, deleted: f
             continue
         state = DeviceState.from_dict(raw)
         confirmed = set(state.inside_fences())
-        if any(s.streak for s in state.fences.values()) or confirmed & deleted:
-            continue
+        if any(s.streak for s in state.fences.values()) or confirmed & deleted or state.open:
+            continue        # (open: a late excursion waits for its return among the next fixes)
         if any(cache.rules.get(u) and cache.rules[u].dwell_seconds and not state.fences[u].dwelled
                for u in confirmed):
             continue

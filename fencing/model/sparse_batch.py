@@ -18,7 +18,7 @@ import shapely
 from fencing.model.crossings import ACCURACY_FACTOR, MIN_SEGMENT_M, MIN_STRETCH_M, Segment, boundary_distance_m, \
     convex_polygons, inside_stretches, min_stretch_m, segment_length_m
 from fencing.model.fence_store import FenceRules
-from fencing.model.transitions import DeviceState, accepted_rows
+from fencing.model.transitions import MAX_LIVE_FIXES, DeviceState, accepted_rows
 
 EMPTY: frozenset[str] = frozenset()
 
@@ -146,6 +146,8 @@ class Taken:
     rows: np.ndarray        # bool per report: `DeviceState.accept` takes it
     older: np.ndarray       # bool per report: older than its device's newest report so far (late)
     last: np.ndarray        # per device: index of its last taken report in its run (-1: none)
+    recent: list[int]       # the last MAX_LIVE_FIXES + 1 taken rows of each device, device after device
+    recent_from: list[int]  # per device (and one past the last): where its rows start in `recent`
 
 
 def taken_rows(track: Track, states: list[DeviceState]) -> Taken:
@@ -160,9 +162,17 @@ def taken_rows(track: Track, states: list[DeviceState]) -> Taken:
             taken[i] = probe.accept(t, a, o)
     n = len(track.ts)
     if not n:
-        return Taken(taken, older, np.empty(0, np.int64))
+        return Taken(taken, older, np.empty(0, np.int64), [], [0] * (len(track.starts) + 1))
     last = np.maximum.reduceat(np.where(taken, np.arange(n), -1), track.starts)
-    return Taken(taken, older, np.where(last >= 0, last - track.starts, -1))
+    # each device's last few taken rows (kept as its live fixes), for all devices at once
+    rows = np.flatnonzero(taken)
+    count = np.add.reduceat(taken.astype(np.int64), track.starts)
+    through = np.cumsum(count)                   # taken rows up to and including each device's
+    device = np.repeat(np.arange(len(count)), count)
+    keep = through[device] - np.arange(len(rows)) <= MAX_LIVE_FIXES + 1
+    kept = np.minimum(count, MAX_LIVE_FIXES + 1)
+    return Taken(taken, older, np.where(last >= 0, last - track.starts, -1), rows[keep].tolist(),
+                 np.r_[0, np.cumsum(kept)].tolist())
 
 
 def batch_segments(fences: Fences, track: Track, states: list[DeviceState], taken: np.ndarray,

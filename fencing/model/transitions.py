@@ -25,6 +25,9 @@ DEFAULT_RULES = FenceRules()
 EMPTY: frozenset[str] = frozenset()
 LATE_HORIZON_MS = 24 * 3600 * 1000      # late fixes older than this (before the last processed one) are not replayed
 MAX_STAYS = 8                           # ended stays kept per device for late fixes (state size)
+# processed fixes kept per device to judge late fixes against (fencing.model.late): a buffered night's
+# return is often seen live first; a collar uploads its buffer within a few fixes of being back
+MAX_LIVE_FIXES = 4
 
 
 @dataclass
@@ -56,11 +59,17 @@ class DeviceState:
     accuracy: float | None = None                 # accuracy_m of the last processed report, if it said
     # what late fixes are judged against (fencing.model.late), all bounded: the confirmed stays that
     # ended in the last 24 h (uid, from, to), the time from which they are complete, the late fixes
-    # kept (ts, lat, lon, fences), and the late events already emitted (id, ts)
+    # kept (ts, lat, lon, fences), and the late events already emitted (id, ts); the last processed
+    # fixes in their stored form (`live_fixes`: None = none kept), and whether a late excursion waits
+    # for live fixes
     stays: list = field(default_factory=list)
     known_from: int | None = None
     late: list = field(default_factory=list)
     emitted: list = field(default_factory=list)
+    live: list | None = None        # the fixes before the last report, oldest first, each as `_older`
+    live_last: list | None = None   # the fences the last report disagreed with (None: none)
+    live_gap: int | None = None     # ms from the oldest kept fix back to the newest forgotten (None: none)
+    open: bool = False
 
     def to_dict(self) -> dict:
         out = {"t": self.last_ts, "la": self.last_lat, "lo": self.last_lon, "bt": self.battery, "c": self.cell,
@@ -75,6 +84,14 @@ class DeviceState:
         for key, value in (("lf", self.late), ("em", self.emitted)):
             if value:
                 out[key] = value
+        if self.live is not None:
+            out["lv"] = self.live
+            if self.live_last is not None:
+                out["lm"] = self.live_last
+            if self.live_gap is not None:
+                out["lg"] = self.live_gap
+        if self.open:
+            out["op"] = 1
         return out
 
     @classmethod
@@ -88,6 +105,9 @@ class DeviceState:
             last = state.last_ts or 0
             state.stays = [[u, last - a, last - b] for u, a, b in d.get("st") or ()]
             state.late, state.emitted = d.get("lf") or [], d.get("em") or []
+        if "lv" in d:       # stored as kept: decoded only when late fixes are judged (`live_fixes`)
+            state.live, state.live_last, state.live_gap = d["lv"], d.get("lm"), d.get("lg")
+        state.open = "op" in d
         return state
 
     def close_stay(self, uid: str, since: int | None, t: int) -> None:
@@ -101,6 +121,52 @@ class DeviceState:
             gone = stays.pop(0)
             if self.known_from is not None:
                 self.known_from = max(self.known_from, gone[2])
+
+    def remember(self, before: tuple | None, fixes: list[list]) -> None:
+        """Processed fixes [ts, lat, lon, disagreeing fences or None], in order, the last of them now
+        the last report, join the last MAX_LIVE_FIXES kept (late fixes are judged against them); the
+        newest forgotten one is remembered by its time (a late excursion that began before it cannot
+        be witnessed by live fixes). `before`: (ts, lat, lon) of the last report before them (None: a
+        new device). Only the fixes added are encoded: a steady device pays for one a batch."""
+        older = self.live
+        if older is not None and before is not None and len(fixes) == 1 and len(older) == MAX_LIVE_FIXES - 1:
+            fix = fixes[0]          # the usual: one more fix, the oldest forgotten
+            step = [fix[0] - before[0], _near(before[1], fix[1]), _near(before[2], fix[2])]
+            if self.live_last is not None:
+                step.append(self.live_last)
+            self.live_gap, self.live, self.live_last = older[0][0], older[1:] + [step], fix[3]
+            return
+        if older is None:           # a new device, or one kept from before live fixes were
+            older = []
+            if before is not None:
+                self.live_gap = fixes[0][0] - before[0]
+        else:                       # a new list: the stored state before the batch may share this one
+            older = older[:]
+            if before is not None:
+                fixes = [[before[0], before[1], before[2], self.live_last]] + fixes
+        for a, b in zip(fixes, fixes[1:]):
+            older.append(_older(a, b))
+        self.live_last = fixes[-1][3]
+        if len(older) >= MAX_LIVE_FIXES:
+            self.live_gap = older[-MAX_LIVE_FIXES][0]     # how far the newest one forgotten was before the next
+            del older[:-MAX_LIVE_FIXES + 1]
+        self.live = older
+
+    def live_fixes(self) -> tuple[list[list], int | None]:
+        """The kept live fixes [ts, lat, lon, disagreeing fences or None] oldest first (the last one:
+        the last report), and the time of the newest one forgotten (None: none; a state from before
+        live fixes were kept has them all forgotten)."""
+        if self.last_ts is None:
+            return [], None
+        if self.live is None:
+            return [], self.last_ts
+        t, la, lo = self.last_ts, self.last_lat, self.last_lon
+        out = [[t, la, lo, self.live_last]]
+        for step in reversed(self.live):
+            t, la, lo = t - step[0], _far(step[1], la), _far(step[2], lo)
+            out.append([t, la, lo, step[3] if len(step) > 3 else None])
+        out.reverse()
+        return out, None if self.live_gap is None else out[0][0] - self.live_gap
 
     def inside_fences(self) -> list[str]:
         return sorted(u for u, s in self.fences.items() if s.inside)
@@ -122,6 +188,27 @@ class DeviceState:
         if self.known_from is None:
             self.known_from = t if self.last_ts is None else self.last_ts
         self.last_ts, self.last_lat, self.last_lon = t, lat, lon
+
+
+def _older(a: list, b: list) -> list:
+    """A kept fix `a` as stored, relative to the one after it, `b`: [ms before b, lat, lon(, fences it
+    disagreed with)] — a chain, so a new fix leaves the stored ones as they are."""
+    out = [b[0] - a[0], _near(a[1], b[1]), _near(a[2], b[2])]
+    if a[3] is not None:
+        out.append(a[3])
+    return out
+
+
+def _near(value: float, ref: float) -> float | int:
+    """A kept fix's coordinate as stored: whole 1e-7 degrees from the last report's when that gives it
+    back exactly (a GPS fix has 7 decimals at most: 3-5 digits instead of 10-17), else itself. An
+    integer of 1e-7 degrees divided by 1e7 is the float nearest that decimal, the one JSON gave."""
+    steps = round(value * 1e7)
+    return steps - round(ref * 1e7) if steps / 1e7 == value else value
+
+
+def _far(stored: float | int, ref: float) -> float:
+    return (stored + round(ref * 1e7)) / 1e7 if type(stored) is int else stored
 
 
 @dataclass(frozen=True)
@@ -197,30 +284,39 @@ def make_event(uid: str, device_id: str, kind: str, t: int, lat: float, lon: flo
 def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float], lon: list[float],
             matched: list[frozenset[str]], rules: dict[str, FenceRules], deleted: set[str],
             uniform: bool | None = None, last_accepted: int | None = None,
-            near: list[frozenset[str]] | None = None, segments: dict[int, Segment] | None = None) -> Advanced:
+            near: list[frozenset[str]] | None = None, segments: dict[int, Segment] | None = None,
+            recent: list[int] | None = None) -> Advanced:
     """Apply one device's reports (in arrival order) to its state in place. `uniform`: whether every
     report matched the same fences, when the caller knows (it computed that for a whole batch).
-    `last_accepted`: the index of the last report `DeviceState.accept` takes (-1: none), when the
-    caller computed it for the whole batch (`last_accepted_reports`): a steady device then skips
-    the per-report loop. `near`: per report, the matched fences whose boundary is within their
-    warn_m (None: none anywhere). `segments`: report index → the segment from the previous
-    processed fix to it, with the fences to check for inferred crossings (the caller found them)."""
+    `last_accepted` and `recent`: the index of the last report `DeviceState.accept` takes (-1: none)
+    and of the last MAX_LIVE_FIXES + 1 it takes (the oldest: the newest one forgotten), when the
+    caller computed them for the whole batch (`sparse_batch.taken_rows`): a steady device then skips
+    the per-report loop. `near`: per report,
+    the matched fences whose boundary is within their warn_m (None: none anywhere). `segments`: report
+    index → the segment from the previous processed fix to it, with the fences to check for inferred
+    crossings (the caller found them). The reports taken are kept as live fixes (`DeviceState.remember`:
+    late fixes are judged against them), each with the fences it disagreed with right after its step."""
     settled = _settled(state, rules, deleted)
+    before = None if state.last_ts is None else (state.last_ts, state.last_lat, state.last_lon)
     steady = uniform is not False and settled is not None and not segments and (
         not matched or (matched[0] == settled if uniform else all(m == settled for m in matched)))
-    if steady and last_accepted is not None:
+    if steady and last_accepted is not None and recent is not None:
         if last_accepted >= 0:
             if state.known_from is None:
                 state.take(ts[0], lat[0], lon[0])       # a new device's first report is always taken
             state.take(ts[last_accepted], lat[last_accepted], lon[last_accepted])
+            state.remember(before, [[ts[i], lat[i], lon[i], None] for i in recent])
         return Advanced([], last_accepted)
     events: list[Event] = []
     dropped: list[tuple[str, int]] = []
     last = -1
+    taken: list[int] = []
+    disagreed: dict[int, list[str]] = {}
     for i, (t, la, lo, inside_now) in enumerate(zip(ts, lat, lon, matched)):
         if not state.accept(t, la, lo):
             continue
         last = i
+        taken.append(i)
         if segments and i in segments:
             infer_crossings(state, device_id, segments[i], inside_now, rules, deleted, la, lo, events)
         if settled is not None and inside_now == settled:
@@ -228,7 +324,23 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
         step_report(state, device_id, t, la, lo, inside_now, rules, deleted, events,
                     near[i] if near is not None else EMPTY, dropped)
         settled = _settled(state, rules, deleted)
+        differ = disagreeing(state, inside_now, t, rules)
+        if differ:
+            disagreed[i] = differ
+    if taken:
+        state.remember(before, [[ts[i], lat[i], lon[i], disagreed.get(i)] for i in taken[-MAX_LIVE_FIXES - 1:]])
     return Advanced(events, last, dropped)
+
+
+def disagreeing(state: DeviceState, inside_now: frozenset[str], t: int, rules: dict[str, FenceRules]
+                ) -> list[str] | None:
+    """The fences a processed report's membership differs from the confirmed state on, right after its
+    step (a stray, a streak not yet confirmed; a fence outside its window counts as not matched)."""
+    confirmed = {u for u, s in state.fences.items() if s.inside}
+    if inside_now == confirmed:
+        return None
+    differ = sorted(u for u in inside_now ^ confirmed if u in confirmed or rules.get(u, DEFAULT_RULES).active(t))
+    return differ or None
 
 
 def infer_crossings(state: DeviceState, device_id: str, segment: Segment, inside_now: frozenset[str],
@@ -278,7 +390,7 @@ def step_report(state: DeviceState, device_id: str, t: int, lat: float, lon: flo
             continue
         fence_state = state.fences.get(uid) or FenceState()
         since = fence_state.since
-        kind = _step(fence_state, uid in inside_now, t, rule)
+        kind = step_fence(fence_state, uid in inside_now, t, rule)
         if kind:
             farm_id, _, fence_id = uid.partition("/")     # make_event, inlined: the hot path's events
             events.append(Event(event_id(uid, device_id, kind, t), kind, farm_id, device_id, fence_id, t, lat, lon))
@@ -362,7 +474,8 @@ def _settled(state: DeviceState, rules: dict[str, FenceRules], deleted: set[str]
     return frozenset(state.fences)
 
 
-def _step(s: FenceState, inside: bool, t: int, rules: FenceRules) -> str | None:
+def step_fence(s: FenceState, inside: bool, t: int, rules: FenceRules) -> str | None:
+    """One fence's debounce: a report inside or not; "enter"/"exit" when it confirms a flip, "dwell"."""
     if inside == s.inside:
         s.streak = 0
         if inside and rules.dwell_seconds and not s.dwelled and s.since is not None \

@@ -77,6 +77,25 @@ def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray
     late_rows = np.flatnonzero(taken.older)
     late_devices = set(device_of_row[late_rows].tolist()) if len(late_rows) else set()
     last_taken = taken.last.tolist()
+
+    def run(d: int, state: DeviceState, device_id: str, a: int, b: int, whole: bool) -> int:
+        """Advance device d over rows a:b (`whole`: all its rows); the index of the last one taken."""
+        device_segments = device_near = None
+        if extra_devices and d in extra_devices:
+            device_segments = {r - a: segments[r] for r in range(a, b) if r in segments}
+            device_near = [near.get(r, frozenset()) for r in range(a, b)] if near else None
+        recent = [r - a for r in taken.recent[taken.recent_from[d]:taken.recent_from[d + 1]]] if whole else None
+        done = advance(state, device_id, ts[a:b], lat[a:b], lon[a:b], matched[a:b], cache.rules, deleted,
+                       uniform=uniform[d] if whole else None, last_accepted=last_taken[d] if whole else None,
+                       near=device_near, segments=device_segments, recent=recent)
+        if done.last >= 0:
+            latest_row[d] = a + done.last
+        if done.events:
+            events.extend(done.events)
+        if done.dropped:
+            dropped.extend((uid, dkeys[d], t) for uid, t in done.dropped)
+        return done.last
+
     for d, (lo, hi) in enumerate(zip(bounds.tolist(), ends.tolist())):
         state = states[d]
         device_id = dkeys[d].partition("/")[2]
@@ -88,20 +107,13 @@ def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray
         else:
             pieces = [(lo, hi, None)]
         for a, b, replayed in pieces:
-            whole = (a, b) == (lo, hi)
-            device_segments = device_near = None
-            if extra_devices and d in extra_devices:
-                device_segments = {r - a: segments[r] for r in range(a, b) if r in segments}
-                device_near = [near.get(r, frozenset()) for r in range(a, b)] if near else None
-            done = advance(state, device_id, ts[a:b], lat[a:b], lon[a:b], matched[a:b], cache.rules, deleted,
-                           uniform=uniform[d] if whole else None, last_accepted=last_taken[d] if whole else None,
-                           near=device_near, segments=device_segments)
-            if done.last >= 0:
-                latest_row[d] = a + done.last
-            if done.events:
-                events += done.events
-            if done.dropped:
-                dropped += [(uid, dkeys[d], t) for uid, t in done.dropped]
+            while a < b and state.open:
+                # a late excursion waits for its return: judged again after each counted report
+                if run(d, state, device_id, a, a + 1, False) >= 0:
+                    events += late.follow(state, device_id, cache.rules, deleted)
+                a += 1
+            if a < b:
+                run(d, state, device_id, a, b, (a, b) == (lo, hi))
             if replayed is not None:
                 events += late.replay(state, device_id, [(ts[r], lat[r], lon[r], matched[r]) for r in replayed],
                                       cache.rules, deleted)

@@ -156,7 +156,7 @@ def test_one_stray_late_fix_or_a_late_fix_before_the_first_is_no_excursion():
 def test_a_late_upload_is_judged_where_it_arrived_whatever_follows_in_its_batch():
     """The night's fixes arrive after the morning fix; many stays end after them in the same batch (the
     device forgets the oldest). Judged before the next live fix, the night shows its excursion, in one
-    batch as in one batch a report."""
+    batch as with the upload alone in a batch and every other report in its own."""
     paddock = box_m(0, 0, 300, 300)
     t = [T0 + i * 15 * MIN for i in range(80)]
     evening = [at("cow", t[i], 150, 150) for i in range(3)]
@@ -166,7 +166,115 @@ def test_a_late_upload_is_judged_where_it_arrived_whatever_follows_in_its_batch(
     day = [at("cow", t[11 + i], 150 if (i // 2) % 2 else 400, 150) for i in range(48)]
     arrival = evening + morning + night + day
     whole, want, _ = run_both({"farm-a/p": (paddock, {})}, [arrival])
-    one_by_one, _, _ = run_both({"farm-a/p": (paddock, {})}, [[r] for r in arrival])
-    assert whole == want == one_by_one
+    apart, _, _ = run_both({"farm-a/p": (paddock, {})}, [[r] for r in evening + morning] + [night] + [[r] for r in day])
+    assert whole == want == apart
     late = [(e[2], e[3]) for e in whole if e[5]]
     assert late == [("exit", t[5]), ("enter", t[8])]
+
+
+def test_an_upload_split_before_its_return_keeps_the_enter_it_gave_first():
+    """The night split over two batches, the fixes back inside in the second: judged on the first part
+    and the morning fix, the return is the morning fix; the second part shows it earlier, but the
+    excursion already came out (once, whole: no second ENTER)."""
+    paddock = box_m(0, 0, 300, 300)
+    t = [T0 + i * 15 * MIN for i in range(20)]
+    evening = [at("cow", t[i], 150, 150) for i in range(3)]
+    night = [at("cow", t[3 + i], x, 150) for i, x in enumerate([400, 420, 410, 150, 160])]
+    morning = [at("cow", t[10], 155, 150), at("cow", t[11], 150, 150)]
+    got, want, _ = run_both({"farm-a/p": (paddock, {})}, [evening, morning, night[:3], night[3:]])
+    assert got == want
+    assert [(e[2], e[3], e[5]) for e in got] == [
+        ("enter", t[1], False), ("exit", t[4], True), ("enter", t[11], True)]
+
+
+# --- a night escape whose return is seen live (the collar is back in coverage when the cow is back) ---
+EVENING = T0 + 21 * 60 * MIN                    # 21:00, three fixes inside
+NIGHT = T0 + 28 * 60 * MIN                      # 04:00 to 05:00, seven buffered fixes, 10 min apart
+MORNING = T0 + 29 * 60 * MIN + 10 * MIN         # 05:10, three fixes inside
+
+
+def _night(device: str = "cow", x_out: float = 550):
+    evening = [at(device, EVENING + i * 10 * MIN, 150, 150) for i in range(3)]
+    night = [at(device, NIGHT + i * 10 * MIN, x_out + 5 * i, 150) for i in range(7)]
+    morning = [at(device, MORNING + i * 10 * MIN, 150 + i, 150) for i in range(3)]
+    return evening, night, morning
+
+
+def _arrivals(evening, night, morning) -> dict[str, list[list[RefReport]]]:
+    """The same fixes in every arrival order and batching the issue names (batches as lists)."""
+    return {
+        "buffer first": [evening, night, morning],
+        "buffer first, one batch": [evening + night + morning],
+        "buffer last": [evening, morning, night],
+        "buffer last, same batch": [evening, morning + night],
+        "buffer last, all in one batch": [evening + morning + night],
+        "buffer after the first fix back": [evening, morning[:1], night, morning[1:]],
+        "buffer after the first fix back, one batch": [evening + morning[:1] + night + morning[1:]],
+        "buffer last, a report a batch": [[r] for r in evening + morning] + [night],
+        "buffer last, retried": [evening, morning, night, night, night[3:]],
+    }
+
+
+NEIGHBOUR = {"farm-a/p": (box_m(0, 0, 300, 300), {}), "farm-a/n": (box_m(400, 0, 700, 300), {})}
+
+
+@pytest.mark.parametrize("order", list(_arrivals([], [], [])))
+def test_a_night_escape_returned_live_gives_the_same_exit_and_enter_in_every_arrival_order(order):
+    """The cow leaves its paddock p for the neighbour's n at night; the buffer's fixes are all in n. The
+    departure is the second fix out (debounce 2) and the return the second fix back inside, live or
+    late; EXIT/ENTER for p, ENTER/EXIT for n (the intrusion), `late` only when the buffer came after
+    the morning's fixes. The state stays what the morning's fixes say."""
+    batches = _arrivals(*_night())[order]
+    got, want, job = run_both(NEIGHBOUR, batches)
+    assert got == want
+    late = "buffer last" in order or "after the first fix back" in order
+    assert [(e[1], e[2], e[3], e[5]) for e in got] == [
+        ("p", "enter", EVENING + 10 * MIN, False),
+        ("n", "enter", NIGHT + 10 * MIN, late), ("p", "exit", NIGHT + 10 * MIN, late),
+        ("n", "exit", MORNING + 10 * MIN, late), ("p", "enter", MORNING + 10 * MIN, late),
+    ] if not late else [
+        ("p", "enter", EVENING + 10 * MIN, False),
+        ("n", "enter", NIGHT + 10 * MIN, True), ("n", "exit", MORNING + 10 * MIN, True),
+        ("p", "exit", NIGHT + 10 * MIN, True), ("p", "enter", MORNING + 10 * MIN, True)]
+    state = job.stored["farm-a/cow"]
+    assert state["t"] == MORNING + 20 * MIN and list(state["f"]) == ["farm-a/p"] and state["f"]["farm-a/p"][0] == 1
+
+
+def test_with_debounce_1_the_exit_is_the_first_fix_out_and_the_enter_the_first_fix_back():
+    fences = {"farm-a/p": (box_m(0, 0, 300, 300), {"debounce_reports": 1})}
+    evening, night, morning = _night()
+    for batches in ([evening, night, morning], [evening, morning, night]):
+        got, want, _ = run_both(fences, batches)
+        assert got == want
+        assert [(e[2], e[3]) for e in got] == [("enter", EVENING), ("exit", NIGHT), ("enter", MORNING)]
+
+
+def test_a_replayed_batch_gives_the_same_late_events_again_and_the_state_after():
+    import copy
+    evening, night, morning = _night()
+    job = Job({uid: feature(g, **p) for uid, (g, p) in NEIGHBOUR.items()})
+    job.batch(evening)
+    job.batch(morning[:1])
+    before = copy.deepcopy(job.stored)
+    first = [e.event_id for e in job.batch(night + morning[1:])]
+    after = copy.deepcopy(job.stored)
+    job.stored = before                         # the batch again, from the state before it
+    assert [e.event_id for e in job.batch(night + morning[1:])] == first and len(first) == 4
+    assert job.stored == after
+
+
+def test_a_buffer_seen_after_more_live_fixes_than_kept_is_judged_on_its_own_fixes():
+    """Five fixes back inside before the upload: the device no longer remembers the first ones, so
+    the return cannot be placed; the night's own fixes show no return, and nothing comes out."""
+    evening, night, _ = _night()
+    morning = [at("cow", MORNING + i * 10 * MIN, 150, 150) for i in range(5)]
+    got, want, _ = run_both({"farm-a/p": NEIGHBOUR["farm-a/p"]}, [evening, morning, night])
+    assert got == want
+    assert [(e[2], e[5]) for e in got] == [("enter", False)]
+
+
+def test_one_late_fix_out_is_no_escape_even_with_the_return_seen_live():
+    evening, night, morning = _night()
+    got, want, _ = run_both({"farm-a/p": NEIGHBOUR["farm-a/p"]}, [evening, morning, night[:1]])
+    assert got == want
+    assert [(e[2], e[5]) for e in got] == [("enter", False)]

@@ -102,19 +102,23 @@ def test_a_steady_device_with_the_batch_wide_answer_skips_the_loop_but_moves_on(
     state = DeviceState()
     run(state, [1_000, 2_000], [{F}, {F}])
     done = advance(state, "cow", [3_000, 2_500, 4_000, 3_500], [47.0] * 4, [8.0, 8.1, 8.2, 8.3],
-                   [frozenset({F})] * 4, {}, set(), uniform=True, last_accepted=2)
+                   [frozenset({F})] * 4, {}, set(), uniform=True, last_accepted=2, recent=[0, 2])
     assert done.events == [] and done.last == 2
     assert (state.last_ts, state.last_lon) == (4_000, 8.2) and state.inside_fences() == [F]
+    assert [f[0] for f in state.live_fixes()[0]] == [1_000, 2_000, 3_000, 4_000]       # the fixes taken, kept
+    assert DeviceState.from_dict(state.to_dict()) == state
 
 
 def _every_report_every_fence(state, ts, lat, lon, matched, rules, deleted):
-    """The rule without shortcuts: each counting report steps every fence it or the state names (the
-    oracle for advance's skips)."""
-    from fencing.model.transitions import step_report
+    """The rule without shortcuts: each counting report steps every fence it or the state names and is
+    kept as a live fix with the fences it disagreed with (the oracle for advance's skips)."""
+    from fencing.model.transitions import disagreeing, step_report
     events = []
     for t, la, lo, inside_now in zip(ts, lat, lon, matched):
+        before = None if state.last_ts is None else (state.last_ts, state.last_lat, state.last_lon)
         if state.accept(t, la, lo):
             step_report(state, "cow", t, la, lo, inside_now, rules, deleted, events)
+            state.remember(before, [[t, la, lo, disagreeing(state, inside_now, t, rules)]])
     return events
 
 
