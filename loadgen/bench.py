@@ -70,8 +70,10 @@ WARMUP_MAX_REPORTS = 200_000     # enough to warm every worker; more only double
 
 
 # --tracks: "dense" = a fix every ~30 s, in order; "sparse" = collars saving battery, a fix every 5–15
-# min, 5% of them buffered out of coverage and uploaded late (inferred crossings, late excursions)
-TRACKS = {"dense": {}, "sparse": {"report_interval_s": 600.0, "interval_jitter": 0.5, "late_fraction": 0.05}}
+# min, 5% of them buffered out of coverage and uploaded late (inferred crossings, late excursions), in
+# half of those blocks the animal away and back when coverage is (an escape whose return is seen live)
+TRACKS = {"dense": {}, "sparse": {"report_interval_s": 600.0, "interval_jitter": 0.5, "late_fraction": 0.05,
+                                  "late_escape": 0.5}}
 
 
 def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, fences_per_farm: int = 12,

@@ -75,6 +75,7 @@ class SimConfig:
     interval_jitter: float = 0.2                        # per-report jitter, fraction of the interval
     late_fraction: float = 0.0                          # reports buffered by the collar, uploaded late
     late_block: tuple[int, int] = (4, 12)               # fixes per buffered block (out of coverage)
+    late_escape: float = 0.0                            # share of those blocks the animal spends away
     start_ms: int = 1_735_689_600_000                   # 2025-01-01T00:00:00Z: fixed, so runs repeat
     farm_spacing_m: float = 4_000.0
     water_points_per_farm: int = 3
@@ -318,14 +319,24 @@ def _walk(cfg: SimConfig, farms: list[Farm], dev_herd: np.ndarray, steps: int,
     return xy
 
 
+ESCAPE_M = (300.0, 600.0)      # how far an animal strays while its collar is out of coverage
+
+
 def late_uploads(reports: pd.DataFrame, fraction: float, block: tuple[int, int],
-                 rng: np.random.Generator) -> pd.DataFrame:
+                 rng: np.random.Generator, escape: float = 0.0,
+                 escape_rng: np.random.Generator | None = None) -> pd.DataFrame:
     """Rows reordered into arrival order when about `fraction` of the fixes were buffered by their
     collar (blocks of `block` consecutive fixes of a device, out of coverage) and uploaded right after
-    the device's next fix, which arrives first: those fixes reach the job late. `reports` is sorted by
-    ts; the result is sorted by arrival (rows keep their ts)."""
+    the device's next fix, which arrives first: those fixes reach the job late. `escape`: the share of
+    blocks during which the animal was away (ESCAPE_M off, one way; out of its paddock, or into a
+    neighbour's) and is back when the collar is in coverage again: the return is seen live, before
+    the buffer (drawn from `escape_rng`, so the blocks are the same whatever `escape`). `reports` is
+    sorted by ts; the result is sorted by arrival (rows keep their ts)."""
     if not len(reports):
         return reports
+    if escape > 0:
+        reports = reports.copy()
+        lat_col, lon_col = reports["lat"].to_numpy(float).copy(), reports["lon"].to_numpy(float).copy()
     dev = reports["device_id"].to_numpy()
     by_device = pd.Series(np.arange(len(reports))).groupby(dev, sort=False).indices
     arrival = reports["ts"].to_numpy(np.int64).astype(np.float64)
@@ -339,6 +350,14 @@ def late_uploads(reports: pd.DataFrame, fraction: float, block: tuple[int, int],
                 continue
             # the block arrives just after the fix that ends it, in its own order
             arrival[rows[s:e]] = arrival[rows[e]] + 0.001 * (1 + np.arange(e - s)) / (e - s + 1)
+            if escape > 0 and escape_rng.random() < escape:
+                far, heading = escape_rng.uniform(*ESCAPE_M), escape_rng.uniform(0, 2 * math.pi)
+                here = rows[s:e]
+                lat_col[here] = np.round(lat_col[here] + far * math.sin(heading) / M_PER_DEG_LAT, COORD_DECIMALS)
+                lon_col[here] = np.round(lon_col[here] + far * math.cos(heading) / (
+                    M_PER_DEG_LON_EQ * np.cos(np.radians(lat_col[here]))), COORD_DECIMALS)
+    if escape > 0:
+        reports["lat"], reports["lon"] = lat_col, lon_col
     order = np.argsort(arrival, kind="stable")
     return reports.iloc[order].reset_index(drop=True)
 
@@ -398,7 +417,8 @@ def simulate(cfg: SimConfig = SimConfig()) -> Simulation:
         "battery": battery[alive][order],
     })
     if cfg.late_fraction > 0:
-        reports = late_uploads(reports, cfg.late_fraction, cfg.late_block, np.random.default_rng([cfg.seed, 21]))
+        reports = late_uploads(reports, cfg.late_fraction, cfg.late_block, np.random.default_rng([cfg.seed, 21]),
+                               cfg.late_escape, np.random.default_rng([cfg.seed, 22]))
     herd_names = [f"{farms[h // Hf].farm_id}-{HERD_NAMES[(h % Hf) % len(HERD_NAMES)]}" for h in range(F * Hf)]
     return Simulation(
         config=cfg, farms=farms, fences=fences, device_ids=device_ids,

@@ -325,3 +325,30 @@ def test_failover_fresh_again_is_the_first_return_under_the_steady_level():
     assert _fresh_again(lags, fault, 0.6) == 1900          # back under at 101.9, though it rose again
     assert _fresh_again(lags[:3], fault, 0.6) is None     # never back
     assert _fresh_again([(100.2, 0.2), (100.4, 0.3)], fault, 0.6) is None   # never above: no outage to end
+
+
+def test_sparse_tracks_hold_night_escapes_whose_return_is_seen_live():
+    """The push benchmark's sparse tracks: buffered blocks uploaded after the next fix, half of them
+    with the animal away meanwhile. The oracle finds late excursions ending at a live fix (the fix back
+    in coverage arrived before the buffer), more of them than the same blocks without escapes give."""
+    from loadgen.bench import TRACKS
+    from loadgen.reference import expected_events
+
+    def late_events(escape: float) -> tuple[int, int]:
+        """(late events, those at a fix that was not late)"""
+        sim = simulate(SimConfig(seed=5, farms=2, fences_per_farm=12, devices=60, steps=120,
+                                 **{**TRACKS["sparse"], "late_escape": escape}))
+        r = sim.reports
+        newest: dict[str, int] = {}
+        late_fixes = set()
+        for d, t in zip(r["device_id"].tolist(), r["ts"].tolist()):
+            if t < newest.get(d, t):
+                late_fixes.add((d, t))
+            newest[d] = max(newest.get(d, t), t)
+        ev = expected_events(r, sim.fences, sim.device_farm, workers=1)
+        late = ev[ev["late"]]
+        return len(late), sum(k not in late_fixes for k in zip(late["device_id"], late["ts"]))
+
+    assert TRACKS["sparse"]["late_escape"] > 0
+    (late, at_live), (_, at_live_without) = late_events(TRACKS["sparse"]["late_escape"]), late_events(0.0)
+    assert late >= 10 and at_live > at_live_without
