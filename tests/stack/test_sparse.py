@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from fencing.model.timeutil import iso, to_ms
 from tests.conftest import wait_for
 from tests.farmkit import Farm, square
@@ -117,3 +119,64 @@ def test_active_windows_no_events_and_no_members_outside_them(stack):
              what="strip 3 empty after its window")
     assert farm.api.get("/v1/devices/s3").json()["fences"] == []
     assert [e["type"] for e in farm.events(device_id="s3")] == ["enter"]
+
+
+@pytest.mark.parametrize("buffer_last", [True, False], ids=["buffer last", "buffer first"])
+def test_a_night_escape_whose_return_is_seen_live_gives_one_exit_and_enter(stack, buffer_last):
+    """Evening fixes inside a paddock, the morning's back inside, and the night's buffer (04:00-05:00,
+    every 10 min) in the neighbour's paddock: one EXIT at the departure and one ENTER at the return for
+    the paddock, one ENTER and EXIT for the neighbour's, at the same times whichever came first, `late`
+    when the buffer came after the morning. Default debounce (2 fixes): the departure is 04:10, the
+    return the second fix back; a paddock with debounce_reports 1 gives 04:00 and the first fix back.
+    A retried upload adds nothing; the current state is what the morning's fixes say."""
+    farm = Farm(stack)
+    paddock = farm.fence(square(8.50, 47.00), "home paddock")
+    neighbour = farm.fence(square(8.52, 47.00), "neighbour's paddock")
+    quick = farm.fence(square(8.56, 47.00), "quick paddock", debounce_reports=1)
+    evening_at = farm.base_ts - 11 * 3600_000                  # 21:00 the day before, as the clock goes
+    night_at = evening_at + 7 * 3600_000                         # 04:00
+    fixes = {}
+    for device, home, away in (("collar-p", (8.505, 47.005), (8.525, 47.005)),
+                               ("collar-q", (8.565, 47.005), (8.565, 47.02))):
+        farm.device(device)
+        fixes[device] = (
+            [(evening_at + i * 10 * MIN, home[0] + i * 1e-4, home[1]) for i in range(3)],
+            [(night_at + i * 10 * MIN, away[0] + i * 1e-4, away[1]) for i in range(7)],
+            [(night_at + (70 + i * 10) * MIN, home[0] + i * 1e-4, home[1] + 1e-4) for i in range(3)])
+    for device, (evening, _, _) in fixes.items():
+        post(farm, device, evening)
+    for device in fixes:
+        farm.wait_events(1, device_id=device)
+    first, then = (2, 1) if buffer_last else (1, 2)           # the morning (processed), then the buffer; or in order
+    for device, parts in fixes.items():
+        post(farm, device, parts[first])
+    for device, parts in fixes.items():
+        farm.wait_seen(device, parts[first][-1][0])
+    for device, parts in fixes.items():
+        post(farm, device, parts[then])
+    want = {"collar-p": 5, "collar-q": 3}
+    for device, count in want.items():
+        farm.wait_events(count, device_id=device)
+    for device, (_, night, _) in fixes.items():
+        post(farm, device, night)                                # the upload again (a retry)
+    markers = {device: farm.report(device, (fixes[device][2][-1][1], fixes[device][2][-1][2]))[-1] for device in fixes}
+    for device, ts in markers.items():
+        farm.wait_seen(device, ts)                               # the job has read past the retry
+    late = True if buffer_last else None
+    p_night, p_morning = fixes["collar-p"][1], fixes["collar-p"][2]
+    got = [(e["type"], e["fence_id"], to_ms(e["ts"]), e.get("late")) for e in farm.events(device_id="collar-p")]
+    assert sorted(got, key=lambda e: (e[2], e[1])) == sorted([
+        ("enter", paddock, fixes["collar-p"][0][1][0], None),
+        ("exit", paddock, p_night[1][0], late), ("enter", neighbour, p_night[1][0], late),
+        ("exit", neighbour, p_morning[1][0], late), ("enter", paddock, p_morning[1][0], late)],
+        key=lambda e: (e[2], e[1]))
+    q_night, q_morning = fixes["collar-q"][1], fixes["collar-q"][2]
+    got = [(e["type"], e["fence_id"], to_ms(e["ts"]), e.get("late")) for e in farm.events(device_id="collar-q")]
+    assert sorted(got, key=lambda e: e[2]) == [
+        ("enter", quick, fixes["collar-q"][0][0][0], None), ("exit", quick, q_night[0][0], late),
+        ("enter", quick, q_morning[0][0], late)]
+    for device, fence in (("collar-p", paddock), ("collar-q", quick)):
+        now = farm.api.get(f"/v1/devices/{device}").json()
+        assert now["fences"] == [fence] and now["ts"] == iso(markers[device])
+        assert device in [d["device_id"] for d in farm.api.get(f"/v1/fences/{fence}/devices").json()["devices"]]
+    assert farm.api.get(f"/v1/fences/{neighbour}/devices").json()["devices"] == []
