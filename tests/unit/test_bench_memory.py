@@ -21,9 +21,11 @@ def test_a_job_tree_is_split_into_driver_and_python_workers_with_their_rss():
             time.sleep(0.1)
             roles = bench_memory.job_processes(parent.pid)
         assert roles["driver"] == [parent.pid] and len(roles["workers"]) == 1 and roles["jvm"] == []
-        time.sleep(0.5)
         sampler = bench_memory.MemorySampler(settings=None)
         now = sampler.sample(parent.pid, [])
+        while now["worker_max"] < 50 and time.time() < deadline:     # the child still allocating
+            time.sleep(0.1)
+            now = sampler.sample(parent.pid, [])
         assert now["worker_max"] >= 50 and now["driver"] > 0 and now["bench"] > 0    # MB
     finally:
         for p in bench_memory.job_processes(parent.pid)["workers"]:
