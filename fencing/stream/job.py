@@ -276,6 +276,8 @@ def main() -> None:
         keep_warm.start()
         start_scale_watcher(spark)
     keep_warm.status_key, keep_warm.planner, keep_warm.every_s = ACTIVE_WARM_KEY, False, KEEP_WARM_S
+    if not epoch:   # its standby record is no standby's any more: a poller waiting for it would wait in vain
+        _try(lambda: processor.redis.delete(STANDBY_WARM_KEY), "clearing the standby's keep-warm record")
     if ELASTIC:
         from fencing.elastic.controller import Controller
         processor.observer = Controller(processor.redis)
