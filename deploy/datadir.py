@@ -2,12 +2,13 @@
 brings back.
 
     redis/<port>/   each Redis node: append-only file (+ RDB snapshots) and nodes.conf
-    broker/         the broker's log (Tansu's objects, deploy/objectstore.py)
+    broker/         the broker's log (Tansu's objects in segment files, deploy/objectlog.py)
     checkpoint/     the Spark job's checkpoint (Kafka offsets of every micro-batch)
     history/        position history (Parquet, by day)
 
 A backup is taken while the stack runs, in an order that makes the copy consistent: the checkpoint
-first, then Redis, then the history, then the broker (its metadata before its record batches). So
+first, then Redis, then the history, then the broker (its segments oldest first; while the hold is
+on, no segment is compacted away and no consumed object deleted). So
 the copied broker log holds every offset the copied checkpoint names, and the copied device state is
 at or after the checkpoint — the job replays from there, and deterministic event ids plus the
 versioned state make the replay add nothing twice.
@@ -163,8 +164,8 @@ def _backup(settings: Settings, dest: Path) -> dict:
         _say("copying the position history")
         sizes["history"] = _copy_history(home / "history", dest / "history")
     if broker.data_dir(settings).exists():
-        _say("copying the broker log (metadata first)")
-        sizes["broker"] = _copy_tree(broker.data_dir(settings), dest / "broker", first=(".json",))
+        _say("copying the broker log")
+        sizes["broker"] = _copy_tree(broker.data_dir(settings), dest / "broker")
     manifest = {"created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "home": str(home),
                 "redis_ports": [n.port for n in nodes], "redis_replicas": [n.port for n in nodes if n.master_port],
                 "kafka_port": settings.embedded_kafka_port, "bytes": sizes,

@@ -12,176 +12,36 @@ subset Tansu uses itself:
   DELETE /bucket/key
   GET /bucket?list-type=2  (prefix, delimiter, start-after, continuation-token, max-keys)
 
-Durability: an object is written to a temporary file and renamed over its key, so a reader or a
-crash never sees half an object; a kill -9 of this server or of the broker loses nothing that was
-acknowledged (the data is in the OS). HERDFENCE_OBJECTSTORE_FSYNC=1 also fsyncs every write (and its
-directory) before answering, for a power cut; it costs a disk flush per produce request.
+Storage (deploy/objectlog.py): every write is appended to a log of segment files before it is
+acknowledged, and an index in memory says where each object's current version is; a kill -9 of this
+server or of the broker loses nothing that was acknowledged (the data is in the OS), and a write cut
+off before its acknowledgement is dropped when the log is opened again. HERDFENCE_OBJECTSTORE_FSYNC=1
+also flushes every write to the disk before answering, for a power cut.
 
-Every request is handled to completion on one event loop thread, so a precondition check and the
-rename that follows it are atomic without locks. Loopback only, no authentication (it binds
+HTTP: a small HTTP/1.1 server on httptools (keep-alive, one request at a time per connection). Every
+request is handled to completion in one callback of one event loop thread, so a precondition check and
+the write that follows it are atomic without locks. Loopback only, no authentication (it binds
 127.0.0.1; the signature headers a client sends are ignored).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
-import bisect
+import datetime
 import email.utils
 import logging
-import os
 import time
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs, unquote
 from xml.sax.saxutils import escape
 
-TMP_DIR = ".tmp"
+import httptools
+
+from deploy.objectlog import DiskStore, ObjectMeta, S3Error
+
 MAX_KEYS = 1000
-
-
-class S3Error(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message = status, code, message
-
-
-@dataclass(frozen=True)
-class ObjectMeta:
-    key: str
-    size: int
-    etag: str
-    mtime: float
-
-
-def _etag(st: os.stat_result) -> str:
-    # A new inode on every write (tmp file + rename): inode, time and size identify the version.
-    return f'"{st.st_ino:x}-{st.st_mtime_ns:x}-{st.st_size:x}"'
-
-
-class DiskStore:
-    """Objects as files under `root/<bucket>/<key>`."""
-
-    def __init__(self, root: Path, fsync: bool = False) -> None:
-        self.root = Path(root)
-        self.fsync = fsync
-        (self.root / TMP_DIR).mkdir(parents=True, exist_ok=True)
-        for stale in (self.root / TMP_DIR).iterdir():     # a write cut off by a crash
-            stale.unlink(missing_ok=True)
-        # Tansu lists a partition's whole records/ folder on every fetch: walking and stat-ing the
-        # folder per listing made a fetch O(objects) on disk (~100 ms at 800 objects, longer than a
-        # reader's fetch wait). An in-memory index per bucket (sorted keys + metadata), read from disk
-        # once and kept by put/delete (the only writers: one event-loop thread), makes a listing a
-        # bisect plus the entries it returns.
-        self._keys: dict[str, list[str]] = {}
-        self._metas: dict[str, dict[str, ObjectMeta]] = {}
-
-    def _path(self, bucket: str, key: str) -> Path:
-        parts = [bucket, *key.split("/")]
-        if not bucket or bucket == TMP_DIR or any(p in ("", ".", "..") for p in parts):
-            raise S3Error(400, "InvalidArgument", f"unsupported object name {bucket}/{key}")
-        return self.root.joinpath(*parts)
-
-    def meta(self, bucket: str, key: str) -> ObjectMeta | None:
-        try:
-            st = self._path(bucket, key).stat()
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        if not os.path.isfile(self._path(bucket, key)):
-            return None
-        return ObjectMeta(key, st.st_size, _etag(st), st.st_mtime)
-
-    def put(self, bucket: str, key: str, body: bytes, if_match: str | None,
-            if_none_match: str | None) -> ObjectMeta:
-        target = self._path(bucket, key)
-        current = self.meta(bucket, key)
-        if if_none_match == "*" and current is not None:
-            raise S3Error(412, "PreconditionFailed", f"{key} exists (If-None-Match: *)")
-        if if_match is not None and (current is None or if_match not in ("*", current.etag)):
-            raise S3Error(412, "PreconditionFailed", f"{key} changed (If-Match)")
-        tmp = self.root / TMP_DIR / uuid.uuid4().hex
-        with open(tmp, "wb") as f:
-            f.write(body)
-            if self.fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, target)
-        if self.fsync:
-            fd = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        meta = self.meta(bucket, key)
-        self._indexed(bucket, key, meta)
-        return meta  # type: ignore[return-value]
-
-    def read(self, bucket: str, key: str) -> tuple[ObjectMeta, bytes]:
-        path = self._path(bucket, key)
-        try:
-            with open(path, "rb") as f:
-                st = os.fstat(f.fileno())
-                data = f.read()
-        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise S3Error(404, "NoSuchKey", f"{key} does not exist") from None
-        return ObjectMeta(key, st.st_size, _etag(st), st.st_mtime), data
-
-    def delete(self, bucket: str, key: str) -> None:
-        path = self._path(bucket, key)
-        try:
-            path.unlink()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return
-        self._indexed(bucket, key, None)
-        bucket_dir = self.root / bucket
-        parent = path.parent
-        while parent != bucket_dir:       # drop empty folders so listings stay cheap
-            try:
-                parent.rmdir()
-            except OSError:
-                break
-            parent = parent.parent
-
-    def list(self, bucket: str, prefix: str, after: str = "", limit: int | None = None) -> list[ObjectMeta]:
-        """The objects whose key starts with `prefix` and sorts after `after`, sorted by key (at most
-        `limit` of them)."""
-        keys, metas = self._index(bucket)
-        out = []
-        for i in range(bisect.bisect_right(keys, max(prefix, after)) if after >= prefix else
-                       bisect.bisect_left(keys, prefix), len(keys)):
-            key = keys[i]
-            if not key.startswith(prefix) or (limit is not None and len(out) >= limit):
-                break
-            out.append(metas[key])
-        return out
-
-    def _index(self, bucket: str) -> tuple[list[str], dict[str, ObjectMeta]]:
-        if bucket not in self._keys:
-            metas: dict[str, ObjectMeta] = {}
-            base = self.root / bucket
-            if bucket != TMP_DIR and base.is_dir():
-                for dirpath, _, files in os.walk(base):
-                    rel_dir = os.path.relpath(dirpath, base)
-                    for name in files:
-                        key = name if rel_dir == "." else f"{rel_dir}/{name}"
-                        st = os.stat(os.path.join(dirpath, name))
-                        metas[key] = ObjectMeta(key, st.st_size, _etag(st), st.st_mtime)
-            self._keys[bucket], self._metas[bucket] = sorted(metas), metas
-        return self._keys[bucket], self._metas[bucket]
-
-    def _indexed(self, bucket: str, key: str, meta: ObjectMeta | None) -> None:
-        """Keep the index in step with a write (meta) or a delete (None)."""
-        if bucket not in self._keys:
-            return                        # not read yet: the first listing reads the disk
-        keys, metas = self._keys[bucket], self._metas[bucket]
-        if meta is None:
-            if metas.pop(key, None) is not None:
-                del keys[bisect.bisect_left(keys, key)]
-            return
-        if key not in metas:
-            bisect.insort(keys, key)
-        metas[key] = meta
+MAX_BODY = 256 << 20             # a request body larger than this is refused (Tansu's batches are far smaller)
+log = logging.getLogger("herdfence.objectstore")
 
 
 def _http_date(ts: float) -> str:
@@ -189,8 +49,7 @@ def _http_date(ts: float) -> str:
 
 
 def _iso(ts: float) -> str:
-    import datetime
-    return datetime.datetime.fromtimestamp(ts, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.000Z")
+    return datetime.datetime.fromtimestamp(ts, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.000Z")
 
 
 def _error_xml(err: S3Error, resource: str) -> bytes:
@@ -305,40 +164,27 @@ class RequestStats:
 
 
 class S3App:
-    """ASGI application over a DiskStore."""
+    """The S3 calls over a DiskStore: (method, path, query, headers, body) → (status, headers, body)."""
 
     def __init__(self, store: DiskStore, stats: RequestStats | None = None) -> None:
         self.store = store
         self.stats = stats
 
-    async def __call__(self, scope, receive, send) -> None:  # noqa: ANN001 - ASGI
-        if scope["type"] != "http":
-            return
-        body = b""
-        more = True
-        while more:
-            msg = await receive()
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
-        headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
-        path = unquote(scope["path"])
+    def respond(self, method: str, raw_path: str, query: str, headers: dict[str, str],
+                body: bytes) -> tuple[int, dict[str, str], bytes]:
         started = time.perf_counter()
+        path = unquote(raw_path)
         try:
-            status, out_headers, out = self.handle(scope["method"], path,
-                                                   scope.get("query_string", b"").decode(), headers, body)
+            status, out_headers, out = self.handle(method, path, query, headers, body)
         except S3Error as e:
             status, out_headers, out = e.status, {"content-type": "application/xml"}, _error_xml(e, path)
-        except ValueError as e:
+        except (ValueError, UnicodeError) as e:
             err = S3Error(400, "InvalidArgument", str(e))
             status, out_headers, out = 400, {"content-type": "application/xml"}, _error_xml(err, path)
-        out_headers.setdefault("content-length", str(len(out)))
         if self.stats is not None:
-            method = scope["method"]
             kind = "LIST" if method == "GET" and "/" not in path.lstrip("/") else method
             self.stats.add(kind, time.perf_counter() - started, len(body) + len(out))
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(k.encode(), v.encode()) for k, v in out_headers.items()]})
-        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else out})
+        return status, out_headers, out
 
     def handle(self, method: str, path: str, query: str, headers: dict[str, str],
                body: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -384,9 +230,160 @@ class S3App:
         raise S3Error(405, "MethodNotAllowed", f"{method} is not supported")
 
 
+_REASONS = {200: "OK", 204: "No Content", 206: "Partial Content", 304: "Not Modified", 400: "Bad Request",
+            404: "Not Found", 405: "Method Not Allowed", 412: "Precondition Failed", 413: "Payload Too Large",
+            416: "Range Not Satisfiable", 500: "Internal Server Error", 501: "Not Implemented",
+            507: "Insufficient Storage"}
+
+
+class _Connection(asyncio.Protocol):
+    """One client connection: httptools parses, S3App answers in the same callback, one write back."""
+
+    def __init__(self, app: S3App, max_body: int = MAX_BODY) -> None:
+        self.app, self.max_body = app, max_body
+        self.parser = httptools.HttpRequestParser(self)
+        self.transport: asyncio.Transport | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.url = b""
+        self.headers: dict[str, str] = {}
+        self.body: list[bytes] = []
+        self.size = 0
+
+    def connection_made(self, transport) -> None:  # noqa: ANN001 - asyncio's transport
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as e:
+            if not isinstance(e.__context__, _TooLarge):
+                raise
+            err = S3Error(413, "EntityTooLarge", f"a request body is at most {self.max_body} bytes")
+            self._answer(413, {"content-type": "application/xml"}, _error_xml(err, ""), keep_alive=False)
+        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+            err = S3Error(400, "BadRequest", "not an HTTP/1.1 request")
+            self._answer(400, {"content-type": "application/xml"}, _error_xml(err, ""), keep_alive=False)
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self._reset()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
+
+    def on_headers_complete(self) -> None:
+        if self.headers.get("expect", "").lower() == "100-continue":
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+        if self.size > self.max_body:
+            raise _TooLarge
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        method = self.parser.get_method().decode()
+        url = httptools.parse_url(self.url)
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        try:
+            status, headers, out = self.app.respond(method, url.path.decode("latin-1"),
+                                                    (url.query or b"").decode("latin-1"), self.headers, body)
+        except Exception as e:  # noqa: BLE001 - answer 500 and keep serving; the log says why
+            log.exception("request %s %s failed", method, self.url[:200])
+            err = S3Error(500, "InternalError", type(e).__name__)
+            status, headers, out = 500, {"content-type": "application/xml"}, _error_xml(err, "")
+        length = headers.pop("content-length", None) or str(len(out))
+        self._answer(status, headers, b"" if method == "HEAD" else out, self.parser.should_keep_alive(), length)
+
+    def _answer(self, status: int, headers: dict[str, str], body: bytes, keep_alive: bool,
+                length: str | None = None) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Unknown')}"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        if status not in (204, 304):
+            lines.append(f"content-length: {length if length is not None else len(body)}")
+        if not keep_alive:
+            lines.append("connection: close")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        # one write per response: a separate write for the head costs a syscall and a wake-up more
+        self.transport.write(head + body if len(body) < 65536 else head)
+        if len(body) >= 65536:
+            self.transport.write(body)
+        if not keep_alive:
+            self.transport.close()
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class Compactor:
+    """Compacts the log's segments on the store's own event loop, a step at a time (requests are
+    served between steps), and never while a backup holds retention (deploy/broker_retention.py)."""
+
+    def __init__(self, store: DiskStore, checkpoint: Path | None, every_s: float = 5.0) -> None:
+        self.store, self.checkpoint, self.every_s = store, checkpoint, every_s
+
+    def held(self) -> bool:
+        if self.checkpoint is None:
+            return False
+        from deploy.broker_retention import held
+        return held(self.checkpoint)
+
+    async def run_once(self) -> int:
+        """Compact what is compactable; returns the segments removed. A hold stops it between steps
+        (the copies made so far stay valid: the segment they came from stays too)."""
+        done = 0
+        for sid in self.store.compactable():
+            if self.held():
+                return done
+            steps = self.store.compact_steps(sid)
+            for _ in steps:
+                if self.held():
+                    steps.close()
+                    return done
+                await asyncio.sleep(0)
+            done += 1
+        return done
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every_s)
+            try:
+                await self.run_once()
+            except Exception:  # noqa: BLE001 - never take the store down; try again next round
+                log.exception("compaction failed")
+
+
+async def serve(store: DiskStore, port: int, stats: RequestStats | None = None,
+                checkpoint: Path | None = None, keep_seconds: float = 600.0, max_body: int = MAX_BODY) -> None:
+    """Serve `store` on 127.0.0.1:`port` until cancelled, with its retention and compaction."""
+    loop = asyncio.get_running_loop()
+    app = S3App(store, stats)
+    server = await loop.create_server(lambda: _Connection(app, max_body), "127.0.0.1", port, backlog=256)
+    tasks = [loop.create_task(Compactor(store, checkpoint).run())]
+    if checkpoint is not None:
+        from deploy.broker_retention import Retention
+        # on the server's own loop: a sweep's deletes never interleave with a request
+        tasks.append(loop.create_task(Retention(store, checkpoint, keep_seconds).run()))
+    if stats is not None:
+        tasks.append(loop.create_task(stats.run()))
+    try:
+        async with server:
+            await server.serve_forever()
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
 def main(argv: list[str] | None = None) -> None:
     """`python -m deploy.objectstore --root DIR --port N`: serve DIR on 127.0.0.1:N."""
-    import uvicorn
     p = argparse.ArgumentParser(prog="python -m deploy.objectstore", description=__doc__.split("\n\n")[0])
     p.add_argument("--root", required=True, type=Path)
     p.add_argument("--port", required=True, type=int)
@@ -395,23 +392,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keep-seconds", type=float, default=600.0)
     p.add_argument("--stats-every", type=float, default=60.0, help="log request counts every N seconds")
     args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from fencing.config import TUNING
     store = DiskStore(args.root, fsync=TUNING.objectstore_fsync)
-    stats = RequestStats(args.stats_every)
-    config = uvicorn.Config(S3App(store, stats), host="127.0.0.1", port=args.port, log_level="warning", access_log=False,
-                            http="httptools", loop="uvloop", lifespan="off")
-    server = uvicorn.Server(config)
-
-    async def serve() -> None:
-        if args.checkpoint:
-            from deploy.broker_retention import Retention
-            # on the server's own loop: a sweep's deletes never interleave with a request
-            asyncio.get_running_loop().create_task(Retention(store, args.checkpoint, args.keep_seconds).run())
-        asyncio.get_running_loop().create_task(stats.run())
-        await server.serve()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import uvloop
-    uvloop.run(serve())
+    uvloop.run(serve(store, args.port, RequestStats(args.stats_every), args.checkpoint, args.keep_seconds))
 
 
 if __name__ == "__main__":

@@ -232,14 +232,20 @@ def _raise_high_watermarks(home: Path) -> dict[int, int]:
     """Make a hole at the tail of every gps.reports partition of a stopped broker, as a crash between
     Tansu's watermark write and its record write leaves one: the high watermark one past the last
     record. Returns partition → the offset no record holds."""
+    from deploy.objectstore import DiskStore
+    store = DiskStore(home / "broker")          # the broker's log, opened as its store does
     holes = {}
-    for path in sorted((home / "broker").glob("*/clusters/*/topics/gps.reports/partitions/*/watermark.json")):
-        data = json.loads(path.read_text())
+    for meta in store.list("tansu", "clusters/"):
+        parts = meta.key.split("/")             # clusters/<c>/topics/<topic>/partitions/<p>/watermark.json
+        if parts[3:4] != ["gps.reports"] or parts[-1] != "watermark.json":
+            continue
+        data = json.loads(store.read("tansu", meta.key)[1])
         if data.get("high") is None:
             continue
-        holes[int(path.parent.name)] = data["high"]
+        holes[int(parts[5])] = data["high"]
         data["high"] += 1
-        path.write_text(json.dumps(data))
+        store.put("tansu", meta.key, json.dumps(data).encode(), meta.etag, None)
+    store.close()
     return holes
 
 
