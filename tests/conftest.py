@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,10 +105,7 @@ def keep_logs(home: Path, prefix: str, limit: int = 2_000_000) -> None:
         target.write_bytes(log.read_bytes()[-limit:])
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory) -> Stack:
-    """The shared stack: every test that does not destroy it."""
-    home = tmp_path_factory.mktemp("herdfence-home")
+def _session_stack(home: Path) -> Stack:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
     # a low per-device report rate so that the 429 path is reachable from a test client
     env.update(TEST_PORTS, HERDFENCE_HOME=str(home), HERDFENCE_TRIGGER="200 milliseconds",
@@ -119,12 +117,41 @@ def stack(tmp_path_factory) -> Stack:
                HERDFENCE_WEBHOOK_ALLOW_PRIVATE="1",
                # a test session killed before its teardown does not leave its stack running
                HERDFENCE_OWNER_PID=str(os.getpid()))
-    s = Stack(env=env, api_url=f"http://127.0.0.1:{TEST_PORTS['HERDFENCE_API_PORT']}")
+    return Stack(env=env, api_url=f"http://127.0.0.1:{TEST_PORTS['HERDFENCE_API_PORT']}")
+
+
+class _EarlyStart(threading.Thread):
+    """The shared stack started while the unit tests run (its start is mostly waiting: JVM, ports,
+    the first micro-batch), when the run has tests that use it."""
+
+    def __init__(self, s: Stack) -> None:
+        super().__init__(daemon=True, name="session-stack-start")
+        self.stack, self.error = s, None
+
+    def run(self) -> None:
+        try:
+            POOL.use("session", self.stack)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the fixture, where a test sees it
+            self.error = e
+
+
+_EARLY: _EarlyStart | None = None
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory) -> Stack:
+    """The shared stack: every test that does not destroy it."""
+    early = _EARLY
+    s = early.stack if early is not None else _session_stack(tmp_path_factory.mktemp("herdfence-home"))
     try:
+        if early is not None:
+            early.join()
+            if early.error is not None:
+                raise early.error
         yield POOL.use("session", s)
     finally:
         POOL.stop("session")
-        keep_logs(home, "")
+        keep_logs(Path(s.env["HERDFENCE_HOME"]), "")
 
 
 # The disposable stack: the embedded default (durable broker, hot standby), for the scenarios that
@@ -187,6 +214,12 @@ def pytest_collection_modifyitems(config, items) -> None:
         if group >= 2:
             item.add_marker(pytest.mark.destructive)
     items[:] = sorted(items, key=_order)       # stable: a module's tests keep their order
+    global _EARLY
+    wants_stack = any(_order(i)[0] == 1 and "stack" in i.fixturenames for i in items)
+    if wants_stack and any(_order(i)[0] == 0 for i in items) and _EARLY is None and not config.option.collectonly:
+        home = Path(config._tmp_path_factory.mktemp("herdfence-home"))   # noqa: SLF001 - pytest's own
+        _EARLY = _EarlyStart(_session_stack(home))
+        _EARLY.start()
 
 
 def wait_for(predicate, timeout: float = 30.0, interval: float = 0.3, what: str = "condition"):
@@ -199,3 +232,11 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.3, what: str 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """A shared stack started early for tests that never ran (a run stopped by -x in the unit tests)."""
+    if _EARLY is not None and "session" in POOL.stacks:
+        _EARLY.join()
+        if "session" in POOL.running:
+            POOL.stop("session")
