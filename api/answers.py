@@ -14,7 +14,7 @@ from collections import defaultdict
 import orjson
 import shapely
 
-from api import invalidation, live
+from api import invalidation, live, metrics
 from fencing.model import notify
 from fencing.model.geometry import parse_fence_geometry
 from fencing.model.timeutil import iso
@@ -24,7 +24,7 @@ MAX_BYTES = 64 * 1024 * 1024  # per worker, keys and answers; likewise
 
 _answers: dict[str, dict[tuple[str, bytes | str], bytes]] = {}
 _generation: defaultdict[str, int] = defaultdict(int)
-_stats = {"hits": 0, "misses": 0, "entries": 0, "bytes": 0}     # kept as counts, not summed per store
+_stats = {"entries": 0, "bytes": 0}     # kept as counts, not summed per store; hits and misses: api/metrics.py
 
 
 def _drop(farms: list[str] | None) -> None:
@@ -33,6 +33,12 @@ def _drop(farms: list[str] | None) -> None:
         _stats["entries"] -= len(dropped)
         _stats["bytes"] -= sum(_size(k, v) for k, v in dropped.items())
         _generation[farm_id] += 1
+    _publish()
+
+
+def _publish() -> None:
+    metrics.CACHE_ENTRIES.set(_stats["entries"])
+    metrics.CACHE_BYTES.set(_stats["bytes"])
 
 
 def _size(key: tuple, body: bytes) -> int:
@@ -46,13 +52,9 @@ def wants_fresh(cache_control: str) -> bool:
     return "no-cache" in cache_control.lower()
 
 
-def stats() -> dict[str, int]:
-    return dict(_stats)
-
-
 def _get(farm_id: str, key, fresh: bool) -> bytes | None:
     body = _answers.get(farm_id, {}).get(key) if invalidation.listening() and not fresh else None
-    _stats["hits" if body is not None else "misses"] += 1
+    (metrics.CACHE_HITS if body is not None else metrics.CACHE_MISSES).inc()
     return body
 
 
@@ -68,6 +70,7 @@ def _put(farm_id: str, key, body: bytes, generation: int) -> None:
     _stats["entries"] += key not in farm
     _stats["bytes"] += _size(key, body)
     farm[key] = body
+    _publish()
 
 
 async def fence_devices(aredis, farm_id: str, fence_id: str, fresh: bool = False) -> bytes | None:

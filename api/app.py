@@ -65,7 +65,9 @@ async def lifespan(app: FastAPI):
     if metrics.GC_PAUSES.callback not in gc.callbacks:
         gc.callbacks.append(metrics.GC_PAUSES.callback)
     freezer = asyncio.create_task(_freeze_survivors())
+    publisher = asyncio.create_task(_publish_metrics())
     yield
+    publisher.cancel()
     freezer.cancel()
     delivery.cancel()
     listener.cancel()
@@ -77,6 +79,13 @@ async def lifespan(app: FastAPI):
 
 FREEZE_EVERY_S = 30.0
 FULL_GC_EVERY_S = 600.0
+
+
+async def _publish_metrics() -> None:
+    """This worker's gauges and collector pauses into the files every worker's /metrics sums."""
+    while True:
+        await asyncio.sleep(metrics.PUBLISH_EVERY_S)
+        metrics.publish_worker_state()
 
 
 async def _freeze_survivors() -> None:
@@ -115,7 +124,7 @@ class Observe:
             await self.inner(scope, receive, tap)
         finally:
             route = scope.get("route")
-            metrics.METRICS.observe(getattr(route, "path", "unmatched"), status, time.perf_counter() - started)
+            metrics.observe(getattr(route, "path", "unmatched"), status, time.perf_counter() - started)
 
 
 app.add_middleware(Observe)

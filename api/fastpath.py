@@ -60,7 +60,7 @@ class HotQueries:
         if body is None:
             return await self.app(scope, receive, send)
         await _respond(send, body, FENCE_HEADERS)
-        metrics.METRICS.observe("/v1/fences/{fence_id}/devices", 200, time.perf_counter() - started)
+        metrics.observe("/v1/fences/{fence_id}/devices", 200, time.perf_counter() - started)
 
     async def _within(self, scope, receive, send):
         started = time.perf_counter()
@@ -87,7 +87,7 @@ class HotQueries:
         if answer is None:
             return await self.app(scope, _replay(raw, receive), send)
         await _respond(send, answer, WITHIN_HEADERS)
-        metrics.METRICS.observe(WITHIN_PATH, 200, time.perf_counter() - started)
+        metrics.observe(WITHIN_PATH, 200, time.perf_counter() - started)
 
 
 def _header(scope, name: bytes) -> str:

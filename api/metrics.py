@@ -1,41 +1,72 @@
-"""Prometheus text exposition: API counters and latency, plus the job's last batch from Redis."""
+"""Prometheus text exposition: the API's counters and latency summed over every API worker, plus Redis
+memory and the job's last batch from Redis.
+
+The API's own metrics live in prometheus-client's multiprocess mode (api/metrics_dir.py): each worker
+writes to its mmap files, a scrape answered by any worker sums them. A worker's collector pauses and
+invalidation state are published from its own loop (publish_worker_state), never from a GC callback:
+a callback may run while this thread holds prometheus-client's lock.
+"""
 from __future__ import annotations
 
-import bisect
 import time
 from dataclasses import dataclass, field
 
-
-from api import answers, invalidation
+from api import invalidation, metrics_dir
+from fencing.config import load_settings
 from fencing.model.heartbeat import read_heartbeat, read_log_gaps
+
+DIR = metrics_dir.prepare(load_settings().run_dir)
+
+# imported once the directory is set: prometheus-client picks its value store from the environment
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Summary, generate_latest  # noqa: E402
+from prometheus_client import values  # noqa: E402
+from prometheus_client.multiprocess import MultiProcessCollector  # noqa: E402
+
+if not getattr(values.ValueClass, "_multiprocess", False):   # imported earlier by someone else
+    values.ValueClass = values.MultiProcessValue()
 
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
+# registry=None: exposed only through the multiprocess collector in render()
+REPORTS_ACCEPTED = Counter("herdfence_reports_accepted", "Reports accepted by POST /v1/reports.", registry=None)
+REPORTS_REJECTED = Counter("herdfence_reports_rejected", "Reports rejected by POST /v1/reports.", registry=None)
+REQUESTS = Counter("herdfence_http_requests", "HTTP requests by route and status.", ["route", "status"],
+                   registry=None)
+LATENCY = Histogram("herdfence_http_request_seconds", "HTTP request latency.", buckets=BUCKETS, registry=None)
+CACHE_HITS = Counter("herdfence_api_answer_cache_hits", "Pull answers served from an API worker's cache.",
+                     registry=None)
+CACHE_MISSES = Counter("herdfence_api_answer_cache_misses", "Pull answers read from Redis.", registry=None)
+CACHE_ENTRIES = Gauge("herdfence_api_answer_cache_entries", "Answers cached, all API workers.",
+                      multiprocess_mode="livesum", registry=None)
+CACHE_BYTES = Gauge("herdfence_api_answer_cache_bytes", "Bytes of cached answers and keys, all API workers.",
+                    multiprocess_mode="livesum", registry=None)
+LISTENING = Gauge("herdfence_api_invalidation_listening", "1 while every API worker hears change notices.",
+                  multiprocess_mode="livemin", registry=None)
+GC_FULL = Summary("herdfence_api_gc_full_seconds", "Full garbage collections of the API workers (each stalls "
+                  "its worker).", registry=None)
+GC_FULL_MAX = Gauge("herdfence_api_gc_full_seconds_max", "The longest full garbage collection of an API worker.",
+                    multiprocess_mode="max", registry=None)
 
-@dataclass
-class ApiMetrics:
-    reports_accepted: int = 0
-    reports_rejected: int = 0
-    requests: dict[tuple[str, int], int] = field(default_factory=dict)
-    latency_counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
-    latency_sum: float = 0.0
-
-    def observe(self, route: str, status: int, seconds: float) -> None:
-        self.requests[(route, status)] = self.requests.get((route, status), 0) + 1
-        self.latency_counts[bisect.bisect_left(BUCKETS, seconds)] += 1
-        self.latency_sum += seconds
+_request_counters: dict[tuple[str, int], Counter] = {}
 
 
-METRICS = ApiMetrics()
+def observe(route: str, status: int, seconds: float) -> None:
+    """One HTTP request served (route: the route's path template, so the label set stays small)."""
+    counter = _request_counters.get((route, status))
+    if counter is None:
+        counter = _request_counters[(route, status)] = REQUESTS.labels(route, str(status))
+    counter.inc()
+    LATENCY.observe(seconds)
 
 
 @dataclass
 class GcPauses:
     """The cyclic collector's full (oldest-generation) passes in this worker: each one stops every
-    request the worker holds for as long as it walks the heap."""
+    request the worker holds for as long as it walks the heap. Kept here, published by the worker's loop."""
     count: int = 0
     seconds: float = 0.0
     max_s: float = 0.0
+    pending: list[float] = field(default_factory=list)   # not yet in the shared files
     _started: float = 0.0
 
     def callback(self, phase: str, info: dict) -> None:
@@ -48,56 +79,34 @@ class GcPauses:
         self.count += 1
         self.seconds += took
         self.max_s = max(self.max_s, took)
+        if len(self.pending) < 10_000:
+            self.pending.append(took)
 
 
 GC_PAUSES = GcPauses()
+PUBLISH_EVERY_S = 1.0
+
+
+def publish_worker_state() -> None:
+    """This worker's gauges and collector pauses into the shared files (its loop calls it every
+    PUBLISH_EVERY_S, and before answering a scrape)."""
+    while True:
+        try:
+            took = GC_PAUSES.pending.pop()
+        except IndexError:   # drained (the loop and a scrape's thread may both publish)
+            break
+        GC_FULL.observe(took)
+    GC_FULL_MAX.set(GC_PAUSES.max_s)
+    LISTENING.set(int(invalidation.listening()))
 
 
 def render(redis) -> str:
-    m = METRICS
-    lines = [
-        "# HELP herdfence_reports_accepted_total Reports accepted by POST /v1/reports.",
-        "# TYPE herdfence_reports_accepted_total counter",
-        f"herdfence_reports_accepted_total {m.reports_accepted}",
-        "# HELP herdfence_reports_rejected_total Reports rejected by POST /v1/reports.",
-        "# TYPE herdfence_reports_rejected_total counter",
-        f"herdfence_reports_rejected_total {m.reports_rejected}",
-        "# HELP herdfence_http_requests_total HTTP requests by route and status.",
-        "# TYPE herdfence_http_requests_total counter",
-    ]
-    for (route, status), count in sorted(m.requests.items()):
-        lines.append(f'herdfence_http_requests_total{{route="{route}",status="{status}"}} {count}')
-    lines += ["# HELP herdfence_http_request_seconds HTTP request latency.",
-              "# TYPE herdfence_http_request_seconds histogram"]
-    cumulative = 0
-    for bound, count in zip(BUCKETS + (float("inf"),), m.latency_counts):
-        cumulative += count
-        le = "+Inf" if bound == float("inf") else repr(bound)
-        lines.append(f'herdfence_http_request_seconds_bucket{{le="{le}"}} {cumulative}')
-    lines += [f"herdfence_http_request_seconds_sum {m.latency_sum:.6f}",
-              f"herdfence_http_request_seconds_count {cumulative}"]
-    cache = answers.stats()
-    lines += ["# HELP herdfence_api_answer_cache_hits_total Pull answers served from this worker's cache.",
-              "# TYPE herdfence_api_answer_cache_hits_total counter",
-              f"herdfence_api_answer_cache_hits_total {cache['hits']}",
-              "# TYPE herdfence_api_answer_cache_misses_total counter",
-              f"herdfence_api_answer_cache_misses_total {cache['misses']}",
-              "# TYPE herdfence_api_answer_cache_entries gauge",
-              f"herdfence_api_answer_cache_entries {cache['entries']}",
-              "# HELP herdfence_api_invalidation_listening 1 while this worker hears change notices.",
-              "# TYPE herdfence_api_invalidation_listening gauge",
-              f"herdfence_api_invalidation_listening {int(invalidation.listening())}"]
-    lines += [f"herdfence_api_answer_cache_bytes {cache['bytes']}"]
-    gcp = GC_PAUSES
-    lines += ["# HELP herdfence_api_gc_full_seconds Full garbage collections of this worker (each stalls it).",
-              "# TYPE herdfence_api_gc_full_seconds summary",
-              f"herdfence_api_gc_full_seconds_sum {gcp.seconds:.6f}",
-              f"herdfence_api_gc_full_seconds_count {gcp.count}",
-              "# TYPE herdfence_api_gc_full_seconds_max gauge",
-              f"herdfence_api_gc_full_seconds_max {gcp.max_s:.6f}"]
-    lines += _redis_memory(redis)
-    lines += _job_metrics(redis)
-    return "\n".join(lines) + "\n"
+    publish_worker_state()
+    metrics_dir.forget_dead_workers(DIR)
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(DIR))
+    api = generate_latest(registry).decode()
+    return api + "\n".join(_redis_memory(redis) + _job_metrics(redis)) + "\n"
 
 
 def _redis_memory(redis) -> list[str]:

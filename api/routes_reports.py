@@ -6,9 +6,8 @@ import time
 from confluent_kafka import KafkaException
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
 
-from api import limits, tenancy
+from api import limits, metrics, tenancy
 from api.auth import Principal, principal
-from api.metrics import METRICS
 from ingest.producer import BrokerUnavailable
 from ingest.validate import validate_report_dicts
 
@@ -54,6 +53,6 @@ def post_reports(request: Request, body: dict = Body(..., examples=[REPORTS_EXAM
         request.app.state.producer.cache_clear()
         raise HTTPException(503, f"the report log is unavailable, nothing was accepted: {err}",
                             headers={"Retry-After": "5"}) from None
-    METRICS.reports_accepted += len(accepted)
-    METRICS.reports_rejected += len(rejected)
+    metrics.REPORTS_ACCEPTED.inc(len(accepted))
+    metrics.REPORTS_REJECTED.inc(len(rejected))
     return {"accepted": len(accepted), "rejected": [{"index": r.index, "reason": r.reason} for r in rejected]}
