@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fastapi import Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
-from api import invalidation, limits
+from api import invalidation, rate_limits
 from fencing.model import keys, notify
 
 
@@ -128,8 +128,14 @@ async def principal(request: Request) -> Principal:
     if found is None:
         raise HTTPException(401, "missing or invalid API key", headers={"WWW-Authenticate": "Bearer"})
     request.state.farm_id = found.farm_id
-    if not limits.FARM_REQUESTS.allow(found.farm_id, time.monotonic()):
-        raise HTTPException(429, "too many requests for this farm; slow down", headers={"Retry-After": "1"})
+    bucket = rate_limits.FARM_REQUESTS
+    key = bucket.key(found.farm_id)
+    if not bucket.take_held(key):
+        # the synchronous client: no retries, so a Redis that is down answers 503 at once
+        decision = await run_in_threadpool(bucket.allow, request.app.state.redis, key)
+        if not decision.allowed:
+            raise HTTPException(429, "too many requests for this farm; slow down",
+                                headers={"Retry-After": str(decision.retry_after_s)})
     return found
 
 

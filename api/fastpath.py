@@ -14,7 +14,7 @@ import time
 
 import orjson
 
-from api import answers, auth, limits, metrics, security_headers
+from api import answers, auth, metrics, rate_limits, security_headers
 
 FENCE_PREFIX, FENCE_SUFFIX = "/v1/fences/", "/devices"
 WITHIN_PATH = "/v1/query/within"
@@ -49,7 +49,7 @@ class HotQueries:
 
     async def _fence(self, scope, receive, send, fence_id: str):
         started = time.perf_counter()
-        farm_id = _known_farm(scope)
+        farm_id = await self._known_farm(scope)
         body = None
         if farm_id is not None:
             try:
@@ -64,7 +64,7 @@ class HotQueries:
 
     async def _within(self, scope, receive, send):
         started = time.perf_counter()
-        farm_id = _known_farm(scope)
+        farm_id = await self._known_farm(scope)
         declared = _header(scope, b"content-length")
         if farm_id is None or not declared.isdigit() or int(declared) > MAX_FAST_BODY:
             return await self.app(scope, receive, send)
@@ -89,25 +89,30 @@ class HotQueries:
         await _respond(send, answer, WITHIN_HEADERS)
         metrics.observe(WITHIN_PATH, 200, time.perf_counter() - started)
 
+    async def _known_farm(self, scope) -> str | None:
+        """The farm of a farm key this worker already trusts and that is within its rate, else None."""
+        scheme, _, secret = _header(scope, b"authorization").partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            return None
+        fresh, who = auth._cached(auth.hash_secret(secret.strip()), time.monotonic())
+        if not fresh or who is None or who.is_device:
+            return None
+        bucket = rate_limits.FARM_REQUESTS
+        key = bucket.key(who.farm_id)
+        if not bucket.take_held(key):
+            try:
+                if not (await bucket.allow_async(self.app.state.aredis, key)).allowed:
+                    return None   # FastAPI answers 429
+            except Exception:  # noqa: BLE001 - Redis trouble: FastAPI answers 503
+                return None
+        return who.farm_id
+
 
 def _header(scope, name: bytes) -> str:
     for key, value in scope.get("headers") or ():
         if key == name:
             return value.decode("latin-1")
     return ""
-
-
-def _known_farm(scope) -> str | None:
-    """The farm of a farm key this worker already trusts and that is within its rate, else None."""
-    scheme, _, secret = _header(scope, b"authorization").partition(" ")
-    if scheme.lower() != "bearer" or not secret.strip():
-        return None
-    fresh, who = auth._cached(auth.hash_secret(secret.strip()), time.monotonic())
-    if not fresh or who is None or who.is_device:
-        return None
-    if not limits.FARM_REQUESTS.allow(who.farm_id, time.monotonic()):
-        return None   # FastAPI answers 429
-    return who.farm_id
 
 
 def _replay(raw: bytes, receive):

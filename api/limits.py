@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from fastapi import HTTPException
 
-from fencing.config import TUNING
-
 MAX_BODY_BYTES = 8 * 1024 * 1024   # 10,000 reports of ~300 bytes fit with room to spare
 # Smaller limits where a body is one geometry or one small object: a fence or a query area of the
 # most vertices allowed (fencing/model/geometry.py MAX_VERTICES) is well under 2 MB of GeoJSON.
@@ -56,32 +54,3 @@ class BodySizeLimit:
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-
-
-class TokenBucket:
-    """Requests per second with a burst, per key (farm or device), in this API process."""
-
-    def __init__(self, rate: float, burst: float):
-        self.rate, self.burst = rate, burst
-        self._state: dict[str, tuple[float, float]] = {}
-
-    def allow(self, key: str, now: float) -> bool:
-        tokens, last = self._state.get(key, (self.burst, now))
-        tokens = min(self.burst, tokens + (now - last) * self.rate)
-        if tokens < 1:
-            self._state[key] = (tokens, now)
-            return False
-        self._state[key] = (tokens - 1, now)
-        if len(self._state) > 100_000:   # forget idle keys rather than grow without bound
-            self._state.clear()
-        return True
-
-
-
-
-# Report posting is the write path devices hammer; reads are cheap and only capped per farm.
-# A collar reports every few seconds at most: 50 requests/s (burst 100) per device token is far above
-# legitimate use; gateways post batches with the farm key (2,000 requests/s, burst 4,000).
-DEVICE_REPORTS = TokenBucket(TUNING.rate_device, 2 * TUNING.rate_device)
-FARM_REPORTS = TokenBucket(TUNING.rate_farm_reports, 2 * TUNING.rate_farm_reports)
-FARM_REQUESTS = TokenBucket(TUNING.rate_farm, 2 * TUNING.rate_farm)

@@ -1,12 +1,10 @@
 """POST /v1/reports: validate, bind to the caller's farm and device, produce to Kafka `gps.reports`."""
 from __future__ import annotations
 
-import time
-
 from confluent_kafka import KafkaException
 from fastapi import APIRouter, Body, Depends, HTTPException, Request
 
-from api import limits, metrics, tenancy
+from api import metrics, rate_limits, tenancy
 from api.auth import Principal, principal
 from ingest.producer import BrokerUnavailable
 from ingest.validate import validate_report_dicts
@@ -22,11 +20,11 @@ REPORTS_EXAMPLE = {"reports": [{"device_id": "cow-17", "ts": "2026-11-22T06:00:0
              summary="Post GPS reports (up to 10,000 per request); invalid ones are rejected with a reason")
 def post_reports(request: Request, body: dict = Body(..., examples=[REPORTS_EXAMPLE]),
                  who: Principal = Depends(principal)) -> dict:
-    now = time.monotonic()
-    bucket, key = (limits.DEVICE_REPORTS, f"{who.farm_id}/{who.device_id}") if who.is_device else \
-        (limits.FARM_REPORTS, who.farm_id)
-    if not bucket.allow(key, now):
-        raise HTTPException(429, "too many report requests; batch reports or slow down", headers={"Retry-After": "1"})
+    bucket = rate_limits.DEVICE_REPORTS if who.is_device else rate_limits.FARM_REPORTS
+    decision = bucket.allow(request.app.state.redis, bucket.key(who.farm_id, who.device_id))
+    if not decision.allowed:
+        raise HTTPException(429, "too many report requests; batch reports or slow down",
+                            headers={"Retry-After": str(decision.retry_after_s)})
     reports = body.get("reports") if isinstance(body, dict) else None
     if not isinstance(reports, list):
         raise HTTPException(422, 'body must be {"reports": [ ... ]}')

@@ -124,3 +124,9 @@ def fence_windows(farm_id: str) -> str:
     """hash fence_id -> "from,to" (epoch ms, empty = open) for the farm's fences that have an active
     window: member listings answer nothing outside it (by wall clock)."""
     return f"windows:{{{farm_id}}}"
+
+
+def rate_bucket(farm_id: str, bucket: str, subject: str = "") -> str:
+    """string: a request-rate bucket's theoretical arrival time (µs on Redis's clock; api/rate_limits.py),
+    expiring once the bucket is full again. bucket names the limit; subject: the device id, if any."""
+    return f"rate:{{{farm_id}}}:{bucket}:{subject}"

@@ -1,5 +1,5 @@
 """What the API's workers (HERDFENCE_API_WORKERS, 2 on the test stack) share: /metrics counts every
-worker's requests whichever worker answers the scrape.
+worker's requests whichever worker answers the scrape, and a device's rate limit holds across them.
 Requests go out on fresh connections, so both workers serve them; each worker's own share is read from
 its metrics file to show that both did."""
 from __future__ import annotations
@@ -16,6 +16,7 @@ from tests.conftest import wait_for
 from tests.farmkit import Farm
 
 DEVICE_ROUTE = "/v1/devices/{device_id}"
+REPORTS_ROUTE = "/v1/reports"
 
 
 def _metric(text: str, sample: str) -> float:
@@ -90,3 +91,45 @@ def test_metrics_sum_every_worker_and_only_grow_under_load(stack):
     assert _metric(httpx.get(scrape_url, timeout=30).text, sample) == before + requests
     served = _per_worker(stack, DEVICE_ROUTE) - workers_before
     assert len(served) >= 2 and sum(served.values()) == requests, f"requests per worker: {dict(served)}"
+
+
+def _burst(stack, farm: Farm, device_id: str, requests: int) -> tuple[list[tuple[int, str | None]], float]:
+    """`requests` report posts for a new device at once, over 8 connections opened beforehand (so the
+    burst is not spent on connecting); the answers and how long they took."""
+    token = farm.device(device_id)
+    clients = [stack.client(token) for _ in range(8)]
+    try:
+        for client in clients:
+            assert client.get("/healthz").status_code == 200          # connected before the clock starts
+
+        def post(i: int) -> tuple[int, str | None]:
+            resp = clients[i % len(clients)].post("/v1/reports", json={"reports": []})
+            return resp.status_code, resp.headers.get("retry-after")
+        started = time.monotonic()
+        with ThreadPoolExecutor(len(clients)) as pool:
+            answers = list(pool.map(post, range(requests)))
+        return answers, time.monotonic() - started
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_a_device_rate_limit_holds_across_workers(stack):
+    """HERDFENCE_RATE_DEVICE=10 on the test stack: a burst of 20, then 10 per second, for the device
+    whichever worker serves it (a bucket per worker would admit up to 40 in the same time)."""
+    farm = Farm(stack, "shared limit farm")
+    rate, burst = float(stack.env["HERDFENCE_RATE_DEVICE"]), 2 * float(stack.env["HERDFENCE_RATE_DEVICE"])
+    for attempt in range(3):
+        workers_before = _per_worker(stack, REPORTS_ROUTE)
+        answers, elapsed = _burst(stack, farm, f"limited-cow-{attempt}", 80)
+        accepted = sum(status == 202 for status, _ in answers)
+        assert {status for status, _ in answers} <= {202, 429}, answers
+        assert all(retry and int(retry) >= 1 for status, retry in answers if status == 429)
+        # the burst, and what the rate refilled while the requests ran
+        assert burst <= accepted <= burst + int(rate * elapsed) + 1, (accepted, elapsed)
+        served = wait_for(lambda: (lambda s: s if sum(s.values()) >= len(answers) else None)(
+            _per_worker(stack, REPORTS_ROUTE) - workers_before), timeout=10, what="both workers' counts")
+        # conclusive when both workers served and the refill left the bound under two bursts
+        if len(served) >= 2 and burst + int(rate * elapsed) + 1 < 2 * burst:
+            return
+    raise AssertionError(f"no conclusive burst in 3 attempts (last: {elapsed:.2f} s, per worker {dict(served)})")

@@ -303,15 +303,15 @@ def test_per_device_rate_limit_429(stack, farm):
 
 
 def test_per_farm_rate_limit_429(stack, monkeypatch):
-    """The farm bucket (500 req/s, burst 1000 on the real API) is checked in-process with a small rate:
-    the same middleware and route code, the running stack's Redis and broker."""
+    """The farm buckets are checked in-process with small rates: the same middleware and route code,
+    the running stack's Redis (where the buckets live) and broker."""
     from fastapi.testclient import TestClient
-    from api import limits
+    from api import rate_limits
     for var, value in stack.env.items():
         if var.startswith("HERDFENCE_"):
             monkeypatch.setenv(var, value)
-    monkeypatch.setattr(limits, "FARM_REPORTS", limits.TokenBucket(1, 5))
-    monkeypatch.setattr(limits, "FARM_REQUESTS", limits.TokenBucket(5, 20))
+    monkeypatch.setattr(rate_limits, "FARM_REPORTS", rate_limits.TokenBucket("reports", 1, 5))
+    monkeypatch.setattr(rate_limits, "FARM_REQUESTS", rate_limits.TokenBucket("farm", 5, 20))
     farm_id, key = stack.new_farm("rate farm")
     _, other_key = stack.new_farm("rate farm 2")
     from api.app import app
