@@ -146,7 +146,7 @@ class Taken:
     rows: np.ndarray        # bool per report: `DeviceState.accept` takes it
     older: np.ndarray       # bool per report: older than its device's newest report so far (late)
     last: np.ndarray        # per device: index of its last taken report in its run (-1: none)
-    recent: list[int]       # the last MAX_LIVE_FIXES + 1 taken rows of each device, device after device
+    recent: list[int]       # the last MAX_LIVE_FIXES + 1 taken reports of each device (index in its run)
     recent_from: list[int]  # per device (and one past the last): where its rows start in `recent`
 
 
@@ -171,8 +171,8 @@ def taken_rows(track: Track, states: list[DeviceState]) -> Taken:
     device = np.repeat(np.arange(len(count)), count)
     keep = through[device] - np.arange(len(rows)) <= MAX_LIVE_FIXES + 1
     kept = np.minimum(count, MAX_LIVE_FIXES + 1)
-    return Taken(taken, older, np.where(last >= 0, last - track.starts, -1), rows[keep].tolist(),
-                 np.r_[0, np.cumsum(kept)].tolist())
+    return Taken(taken, older, np.where(last >= 0, last - track.starts, -1),
+                 (rows[keep] - track.starts[device[keep]]).tolist(), np.r_[0, np.cumsum(kept)].tolist())
 
 
 def batch_segments(fences: Fences, track: Track, states: list[DeviceState], taken: np.ndarray,

@@ -140,17 +140,18 @@ class DeviceState:
             older = []
             if before is not None:
                 self.live_gap = fixes[0][0] - before[0]
-        else:                       # a new list: the stored state before the batch may share this one
-            older = older[:]
-            if before is not None:
-                fixes = [[before[0], before[1], before[2], self.live_last]] + fixes
-        for a, b in zip(fixes, fixes[1:]):
-            older.append(_older(a, b))
+        elif before is not None:
+            fixes = [[before[0], before[1], before[2], self.live_last]] + fixes
+        # the stored list would be `older` + each fix relative to the next: only its last
+        # MAX_LIVE_FIXES - 1 are kept, so only those are encoded; the newest dropped gives the gap
+        keep, pairs = MAX_LIVE_FIXES - 1, len(fixes) - 1
+        new = [_older(fixes[i], fixes[i + 1]) for i in range(max(0, pairs - keep), pairs)]
+        dropped = len(older) + pairs - keep - 1          # its index in that list (< 0: none dropped)
+        if dropped >= 0:
+            self.live_gap = older[dropped][0] if dropped < len(older) else \
+                fixes[dropped - len(older) + 1][0] - fixes[dropped - len(older)][0]
+        self.live = older[max(0, len(older) - (keep - len(new))):] + new if len(new) < keep else new
         self.live_last = fixes[-1][3]
-        if len(older) >= MAX_LIVE_FIXES:
-            self.live_gap = older[-MAX_LIVE_FIXES][0]     # how far the newest one forgotten was before the next
-            del older[:-MAX_LIVE_FIXES + 1]
-        self.live = older
 
     def live_fixes(self) -> tuple[list[list], int | None]:
         """The kept live fixes [ts, lat, lon, disagreeing fences or None] oldest first (the last one:

@@ -84,7 +84,7 @@ def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray
         if extra_devices and d in extra_devices:
             device_segments = {r - a: segments[r] for r in range(a, b) if r in segments}
             device_near = [near.get(r, frozenset()) for r in range(a, b)] if near else None
-        recent = [r - a for r in taken.recent[taken.recent_from[d]:taken.recent_from[d + 1]]] if whole else None
+        recent = taken.recent[taken.recent_from[d]:taken.recent_from[d + 1]] if whole else None
         done = advance(state, device_id, ts[a:b], lat[a:b], lon[a:b], matched[a:b], cache.rules, deleted,
                        uniform=uniform[d] if whole else None, last_accepted=last_taken[d] if whole else None,
                        near=device_near, segments=device_segments, recent=recent)

@@ -168,3 +168,34 @@ def test_state_record_keeps_the_state_before_as_a_delta_and_gives_it_back():
     assert state_before(new, "run:7") is None and state_before(new, "run:8") == after
     old_style = {"b": "run:7", "s": after, "p": before}         # written before the delta
     assert state_before(old_style, "run:7") == before and state_before(old_style, "run:8") == after
+
+
+def test_the_last_live_fixes_are_kept_whatever_the_batches_and_come_back_exactly():
+    """A device keeps its last MAX_LIVE_FIXES processed fixes (stored as small steps, GPS coordinates of
+    7 decimals as whole 1e-7 degrees, others as they are) and the time of the newest one forgotten,
+    the same however its reports fall into batches and through the stored form."""
+    import random
+
+    from fencing.model.transitions import MAX_LIVE_FIXES
+    rng = random.Random(5)
+    for _ in range(200):
+        n = rng.randint(1, 14)
+        ts = sorted(rng.sample(range(0, 10_000_000, 1_000), n))
+        lat = [round(47 + rng.uniform(-0.01, 0.01), rng.choice([7, 7, 5, 12])) for _ in range(n)]
+        lon = [round(8.5 + rng.uniform(-0.01, 0.01), rng.choice([7, 6, 15])) for _ in range(n)]
+        matched = [frozenset({F}) if rng.random() < 0.7 else frozenset() for _ in range(n)]
+        state, cut = DeviceState(), 0
+        while cut < n:
+            step = rng.randint(1, 6)
+            advance(state, "cow", ts[cut:cut + step], lat[cut:cut + step], lon[cut:cut + step],
+                    matched[cut:cut + step], {}, set())
+            state = DeviceState.from_dict(orjson_round_trip(state.to_dict()))
+            cut += step
+        fixes, forgotten = state.live_fixes()
+        assert [f[:3] for f in fixes] == [[t, a, o] for t, a, o in zip(ts, lat, lon)][-MAX_LIVE_FIXES:]
+        assert forgotten == (ts[-MAX_LIVE_FIXES - 1] if n > MAX_LIVE_FIXES else None)
+
+
+def orjson_round_trip(d: dict) -> dict:
+    import orjson
+    return orjson.loads(orjson.dumps(d))
