@@ -10,9 +10,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from fencing.model import keys
+from fencing.model import event_index
 
-SCAN_CHUNK = 2000
 MAX_SCANNED = 500_000     # events read per request at most (the log keeps 30 days by default)
 OPENS = frozenset({"enter", "approach", "dwell"})
 CLOSES = frozenset({"exit"})
@@ -33,25 +32,18 @@ class Stay:
 
 
 def events_until(redis, farm_id: str, to_ms: int, *, fence_id: str | None, device_id: str | None):
-    """(event time ms, event) of the farm's retained events up to `to_ms`, oldest first, filtered."""
-    zkey, hkey = keys.events(farm_id), keys.event_data(farm_id)
-    offset = 0
-    while True:
-        chunk = redis.zrangebyscore(zkey, "-inf", to_ms, start=offset, num=SCAN_CHUNK, withscores=True)
-        if not chunk:
-            return
-        offset += len(chunk)
-        if offset > MAX_SCANNED:
+    """(event time ms, event) of the farm's retained events up to `to_ms`, oldest first, filtered (a
+    fence or device filter reads its index: fencing.model.event_index)."""
+    scanned = 0
+    for score, raw in event_index.scan(redis, farm_id, fence_id=fence_id, device_id=device_id,
+                                       forward=True, hi=to_ms):
+        scanned += 1
+        if scanned > MAX_SCANNED:
             raise TooManyEvents(f"more than {MAX_SCANNED} events before 'to': choose a fence_id or device_id")
-        for (_eid, score), raw in zip(chunk, redis.hmget(hkey, [eid for eid, _ in chunk])):
-            if not raw:
-                continue
-            event = orjson.loads(raw)
-            if event.get("fence_id") is None or event.get("device_id") is None:
-                continue           # e.g. a silent collar: no membership change
-            if (fence_id is None or str(event["fence_id"]) == fence_id) and \
-               (device_id is None or str(event["device_id"]) == device_id):
-                yield int(score), event
+        event = orjson.loads(raw)
+        if event.get("fence_id") is None or event.get("device_id") is None:
+            continue           # e.g. a silent collar: no membership change
+        yield int(float(score)), event
 
 
 def time_inside(events, from_ms: int, to_ms: int, now_ms: int) -> list[Stay]:

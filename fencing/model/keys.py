@@ -115,6 +115,22 @@ def event_data(farm_id: str) -> str:
     return f"evdata:{{{farm_id}}}"
 
 
+def fence_events(farm_id: str, fence_id: str) -> str:
+    """sorted set event_id scored like `events`: the farm's retained events of one fence (an index,
+    fencing.model.event_index)."""
+    return f"evfence:{{{farm_id}}}:{fence_id}"
+
+
+def device_events(farm_id: str, device_id: str) -> str:
+    """sorted set event_id scored like `events`: the farm's retained events of one device (an index)."""
+    return f"evdev:{{{farm_id}}}:{device_id}"
+
+
+def events_indexed(farm_id: str) -> str:
+    """string, present once every event of the farm's log is in its fence and device indexes."""
+    return f"evindexed:{{{farm_id}}}"
+
+
 def event_stream(farm_id: str) -> str:
     """Redis stream of the farm's events in the order they were first written (SSE reads it)."""
     return f"evstream:{{{farm_id}}}"

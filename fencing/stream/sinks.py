@@ -1,6 +1,6 @@
 """The sinks of a micro-batch, idempotent by batch id and event id: events → Redis (per farm: hash +
-time index + live stream, each event written once; by the process tasks) and Kafka `fence.events` (by
-the driver); dead letters → `gps.reports.dlq`; pings → `{job}:ping:<id>`."""
+time index + fence and device indexes + live stream, each event written once; by the process tasks)
+and Kafka `fence.events` (by the driver); dead letters → `gps.reports.dlq`; pings → `{job}:ping:<id>`."""
 from __future__ import annotations
 
 import pyarrow as pa
@@ -9,6 +9,7 @@ import pyarrow.compute as pc
 from fencing.config import TOPIC_EVENTS
 from fencing.model.timeutil import iso_many
 from fencing.model import compact_json, keys, notify
+from fencing.model.event_index import LUA_COLLECT, KeyTable, index_keys
 from fencing.model.lease import FENCE_PRELUDE, epoch_key
 from fencing.model.node_pipe import NodePipeline
 
@@ -32,14 +33,18 @@ local known = redis.call('HMGET', KEYS[1], unpack(ids))
 
 # A farm's events, each written only if its id is new, so a replayed batch adds nothing twice. One call
 # per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event. Fenced by the
-# writer's epoch (ARGV[1], KEYS[4]: fencing.model.lease) when it is > 0. Which ids are new comes from
+# writer's epoch (ARGV[1], KEYS[#KEYS]: fencing.model.lease) when it is > 0. Which ids are new comes from
 # one HMGET, and the new ones go into the hash and the time index with one HSET and one ZADD: a
 # command per event each was ~2 µs more of Redis CPU per event (AOF on); the live stream still takes
-# one XADD per event, in the events' order. At most LOG_CHUNK events a call (Lua's unpack limit: 8000).
-_ADD_EVENTS = FENCE_PRELUDE + _known_ids(3, 3) + """
-local fields, scores, seen, flags = {}, {}, {}, {}
+# one XADD per event, in the events' order. Each new event also goes into its fence's and its
+# device's index (fencing.model.event_index): one ZADD per index key of the call. KEYS: the hash, the
+# time index, the stream, the index keys, the epoch mark; ARGV after the epoch and the stream's length:
+# (id, JSON, time, fence index position in KEYS, device index position)* (position 0: none).
+# At most LOG_CHUNK events a call (Lua's unpack limit: 8000).
+_ADD_EVENTS = FENCE_PRELUDE + _known_ids(3, 5) + LUA_COLLECT + """
+local fields, scores, seen, flags, by = {}, {}, {}, {}, {}
 for j = 1, #ids do
-  local id, i = ids[j], 3 * j
+  local id, i = ids[j], 5 * j - 2
   if known[j] or seen[id] then
     flags[j] = 0
   else
@@ -48,6 +53,8 @@ for j = 1, #ids do
     fields[#fields + 1] = ARGV[i + 1]
     scores[#scores + 1] = ARGV[i + 2]
     scores[#scores + 1] = id
+    collect(by, tonumber(ARGV[i + 3]), ARGV[i + 2], id)
+    collect(by, tonumber(ARGV[i + 4]), ARGV[i + 2], id)
     redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'event', ARGV[i + 1])
     flags[j] = 1
   end
@@ -55,6 +62,7 @@ end
 if #fields > 0 then
   redis.call('HSET', KEYS[1], unpack(fields))
   redis.call('ZADD', KEYS[2], unpack(scores))
+  zadd_all(by)
 end
 return flags
 """
@@ -166,11 +174,12 @@ class EventLog:
             for start in range(0, len(rows), LOG_CHUNK):
                 chunk = rows[start:start + LOG_CHUNK]
                 args = [epoch, STREAM_MAXLEN]
+                table = KeyTable([keys.event_data(farm_id), keys.events(farm_id), keys.event_stream(farm_id)])
                 for i in chunk:
                     event = events[i]
-                    args += (event["event_id"], publics[i], event["ts"])
-                pipe.script(self.add_events, [keys.event_data(farm_id), keys.events(farm_id),
-                                              keys.event_stream(farm_id), epoch_key(keys.events(farm_id))], args)
+                    by_fence, by_device = index_keys(farm_id, event["fence_id"], event["device_id"])
+                    args += (event["event_id"], publics[i], event["ts"], table.at(by_fence), table.at(by_device))
+                pipe.script(self.add_events, [*table.keys, epoch_key(keys.events(farm_id))], args)
                 chunks.append(chunk)
         if not chunks:
             return []
