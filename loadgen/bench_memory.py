@@ -6,6 +6,7 @@ INFO memory of the masters and MEMORY USAGE of sample keys of each key family th
 No psutil: /proc is read directly (Linux, where the stack runs)."""
 from __future__ import annotations
 
+import itertools
 import os
 import resource
 import threading
@@ -181,6 +182,11 @@ def key_families(redis, farm_ids: list[str], fence_keys: list[tuple[str, str]], 
         add("event_data", keys.event_data(farm), redis.hlen(keys.event_data(farm)))
         add("event_index", keys.events(farm), redis.zcard(keys.events(farm)))
         add("event_stream", keys.event_stream(farm), redis.xlen(keys.event_stream(farm)))
+        node = redis.get_node_from_key(keys.events(farm))
+        for family, pattern in (("event_fence_index", keys.fence_events(farm, "*")),
+                                ("event_device_index", keys.device_events(farm, "*"))):
+            for key in itertools.islice(redis.scan_iter(match=pattern, count=1000, target_nodes=node), sample):
+                add(family, key, redis.zcard(key))      # a sample of a farm's (many) device indexes
         cells = [k for k in redis.scan_iter(match=keys.position_cell(farm, "*"), count=1000,
                                             target_nodes=redis.get_node_from_key(keys.positions(farm)))]
         for key in cells:
@@ -196,16 +202,16 @@ def key_families(redis, farm_ids: list[str], fence_keys: list[tuple[str, str]], 
     return out
 
 
-PER_EVENT = ("event_data", "event_index", "event_stream")
+PER_EVENT = ("event_data", "event_index", "event_stream", "event_fence_index", "event_device_index")
 PER_DEVICE = ("state", "device_location", "positions", "last_seen", "position_index", "registry", "device_record")
 
 
 def redis_summary(redis, used: dict[str, int], devices: int, loaded) -> dict:
     """Redis bytes per device of a push run. `used`: masters' used_memory at "start", after "loaded"
     (fences + device registration), after "warm" (the warm-up's devices) and after the "run" (the
-    measured devices' live state and their events; `event_bytes`: one event's bytes in the three
-    event keys of its farm). The per-family figures (MEMORY USAGE of sample
-    keys) say where the bytes of one device go."""
+    measured devices' live state and their events; `event_bytes`: one event's bytes in the event
+    keys of its farm: log, time index, stream, fence and device index). The per-family figures
+    (MEMORY USAGE of sample keys) say where the bytes of one device go."""
     families = key_families(redis, sorted(set(loaded.farm_of.values())), list(loaded.fence_real.values()))
     per_device = {f: families[f]["bytes_per_entry"] for f in PER_DEVICE if f in families}
     per_event = sum(families[f]["bytes_per_entry"] or 0 for f in PER_EVENT if f in families)
