@@ -54,7 +54,7 @@ def wants_fresh(cache_control: str) -> bool:
 
 def _get(farm_id: str, key, fresh: bool) -> bytes | None:
     body = _answers.get(farm_id, {}).get(key) if invalidation.listening() and not fresh else None
-    (metrics.CACHE_HITS if body is not None else metrics.CACHE_MISSES).inc()
+    metrics.count(metrics.CACHE_HITS if body is not None else metrics.CACHE_MISSES)
     return body
 
 

@@ -8,6 +8,9 @@ a callback may run while this thread holds prometheus-client's lock.
 """
 from __future__ import annotations
 
+import asyncio
+import bisect
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -47,7 +50,40 @@ GC_FULL = Summary("herdfence_api_gc_full_seconds", "Full garbage collections of 
 GC_FULL_MAX = Gauge("herdfence_api_gc_full_seconds_max", "The longest full garbage collection of an API worker.",
                     multiprocess_mode="max", registry=None)
 
+class _Batch:
+    """Increments gathered during one turn of the event loop and written to the shared files at its end:
+    a write there costs microseconds (a lock, the pid check, an mmap write per value), too much for every
+    hot pull query, and a turn serves many requests under load. Outside an event loop: written at once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()           # the loop and a scrape's thread may both flush
+        self._pending: dict[object, float] = {}
+        self._scheduled = False
+
+    def add(self, *increments: tuple[object, float]) -> None:
+        with self._lock:
+            for target, amount in increments:
+                self._pending[target] = self._pending.get(target, 0) + amount
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            asyncio.get_running_loop().call_soon(self.flush)
+        except RuntimeError:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending, self._scheduled = self._pending, {}, False
+        for target, amount in pending.items():
+            target.inc(amount)
+
+
+_BATCH = _Batch()
 _request_counters: dict[tuple[str, int], Counter] = {}
+# A histogram's values in multiprocess mode, one per bucket (+Inf last) and its sum, to add to in bulk
+# (prometheus-client's Histogram.observe takes one observation at a time).
+_LATENCY_BUCKETS, _LATENCY_SUM = LATENCY._buckets, LATENCY._sum
 
 
 def observe(route: str, status: int, seconds: float) -> None:
@@ -55,8 +91,12 @@ def observe(route: str, status: int, seconds: float) -> None:
     counter = _request_counters.get((route, status))
     if counter is None:
         counter = _request_counters[(route, status)] = REQUESTS.labels(route, str(status))
-    counter.inc()
-    LATENCY.observe(seconds)
+    _BATCH.add((counter, 1), (_LATENCY_BUCKETS[bisect.bisect_left(BUCKETS, seconds)], 1), (_LATENCY_SUM, seconds))
+
+
+def count(counter: Counter, amount: float = 1) -> None:
+    """Add to an unlabelled counter, from the event loop's hot paths (batched like observe)."""
+    _BATCH.add((counter, amount))
 
 
 @dataclass
@@ -88,8 +128,9 @@ PUBLISH_EVERY_S = 1.0
 
 
 def publish_worker_state() -> None:
-    """This worker's gauges and collector pauses into the shared files (its loop calls it every
-    PUBLISH_EVERY_S, and before answering a scrape)."""
+    """This worker's gauges, collector pauses and batched counts into the shared files (its loop calls
+    it every PUBLISH_EVERY_S, and before answering a scrape)."""
+    _BATCH.flush()
     while True:
         try:
             took = GC_PAUSES.pending.pop()
