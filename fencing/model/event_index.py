@@ -15,7 +15,8 @@ Who keeps them:
 * events written before the indexes existed: the first filtered listing of a farm whose log is not
   marked indexed (`evindexed:{farm}`) indexes the whole log, in bounded chunks, then marks it.
   Each chunk adds only ids the log still holds (checked in the script), so a trim racing the
-  backfill leaves no index entry behind.
+  backfill leaves no index entry behind. This assumes the job writing the log runs this version too
+  (an upgrade restarts the stack: `herdfence down`, then `up`).
 
 A listing filtered by both fence and device reads the smaller of the two indexes and filters the rest
 on the Redis side; every page is one script call (index range + HMGET), so the ids it returns always
