@@ -2,9 +2,10 @@
 memory and the job's last batch from Redis.
 
 The API's own metrics live in prometheus-client's multiprocess mode (api/metrics_dir.py): each worker
-writes to its mmap files, a scrape answered by any worker sums them. A worker's collector pauses and
-invalidation state are published from its own loop (publish_worker_state), never from a GC callback:
-a callback may run while this thread holds prometheus-client's lock.
+writes to its mmap files, a scrape answered by any worker sums them. Request counts are written once per
+turn of the worker's event loop (_Batch). A worker's collector pauses and invalidation state are
+published from its own loop (publish_worker_state), never from a GC callback: a callback may run while
+this thread holds prometheus-client's lock.
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ GC_FULL = Summary("herdfence_api_gc_full_seconds", "Full garbage collections of 
                   "its worker).", registry=None)
 GC_FULL_MAX = Gauge("herdfence_api_gc_full_seconds_max", "The longest full garbage collection of an API worker.",
                     multiprocess_mode="max", registry=None)
+
 
 class _Batch:
     """Increments gathered during one turn of the event loop and written to the shared files at its end:
