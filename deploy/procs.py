@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import psutil
+
 from fencing.config import DeployError, Settings  # noqa: F401 - DeployError is raised by every launcher
 
 
@@ -29,7 +31,7 @@ class ProcSpec:
     """How to start one component."""
     name: str
     argv: list[str]
-    # Substrings that must all appear in /proc/<pid>/cmdline: a reused PID is then not mistaken
+    # Substrings that must all appear in the process's cmdline: a reused PID is then not mistaken
     # for ours. Redis and Java rewrite their cmdline, so the caller picks markers that survive.
     markers: list[str]
     port: int | None = None
@@ -102,6 +104,9 @@ def log_tail(settings: Settings, name: str, lines: int = 15) -> str:
 
 
 # --- liveness ------------------------------------------------------------------------------------
+GONE = (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)   # exited, not reaped yet: not running
+
+
 def _reap(pid: int) -> None:
     """Collect our own dead children (foreground mode, tests) so they do not linger as zombies."""
     try:
@@ -116,13 +121,11 @@ def is_alive(pid: int | None, markers: list[str] | None = None) -> bool:
         return False
     _reap(pid)
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read().rsplit(b")", 1)[1].split()[0]
-        if state in (b"Z", b"X"):
+        proc = psutil.Process(pid)
+        if proc.status() in GONE:
             return False
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+        cmdline = " ".join(proc.cmdline())
+    except psutil.NoSuchProcess:                  # ZombieProcess included
         return False
     return all(m in cmdline for m in markers or [])
 
@@ -261,13 +264,12 @@ def group_members(pgid: int) -> list[int]:
     """The live (non-zombie) processes of a process group. killpg(pgid, 0) would also count zombies
     that another process (e.g. the pytest that started them) has not reaped yet."""
     out = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for pid in psutil.pids():
         try:
-            fields = stat.read_bytes().rsplit(b")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-            out.append(int(stat.parent.name))
+            if os.getpgid(pid) == pgid and psutil.Process(pid).status() not in GONE:
+                out.append(pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue                              # gone meanwhile
     return out
 
 

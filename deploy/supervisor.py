@@ -16,6 +16,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+import psutil
+
 from deploy import broker, procs
 from fencing.config import TUNING, Settings, load_settings
 
@@ -126,9 +128,8 @@ def owner_gone(owner_pid: int) -> bool:
     if not owner_pid:
         return False
     try:
-        with open(f"/proc/{owner_pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except (FileNotFoundError, IndexError):
+        return psutil.Process(owner_pid).status() in procs.GONE
+    except psutil.NoSuchProcess:
         return True
 
 

@@ -1,5 +1,5 @@
 """Where a benchmark's CPU goes: core-seconds per part of the stack over the measured window, from
-/proc (utime + stime of every process, and the machine's busy time from /proc/stat).
+psutil (user + system time of every process, and the machine's busy time).
 
 Why: on this shared 2-core VM the same code measures ±25% from one run to the next (the bench's own
 producer took 5.3 core-s in one run and 8.2 in the next for the same records), so a points/s figure
@@ -11,7 +11,8 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
+
+import psutil
 
 from loadgen.bench_memory import children_by_parent, cmdline, descendants, job_processes, stack_pids
 
@@ -23,27 +24,29 @@ ROLES = ("workers", "jvm", "driver", "standby", "redis", "broker", "broker_store
 def cpu_ticks(pid: int) -> int:
     """utime + stime of `pid` (clock ticks; 0 when it is gone)."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2:].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, ValueError, IndexError):
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0
+    return _ticks(times.user) + _ticks(times.system)
+
+
+def _ticks(seconds: float) -> int:
+    """psutil divides the kernel's clock ticks by the tick rate; this gives them back exactly."""
+    return round(seconds / TICK_S)
 
 
 def machine_ticks() -> tuple[int, int]:
-    """(busy, total) clock ticks of all cores since boot (/proc/stat; idle and iowait are not busy)."""
-    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    """(busy, total) clock ticks of all cores since boot (idle and iowait are not busy)."""
+    t = psutil.cpu_times()
+    values = [_ticks(v) for v in (t.user, t.nice, t.system, t.idle, t.iowait, t.irq, t.softirq, t.steal)]
     return sum(values) - values[3] - values[4], sum(values)
 
 
 def _environ_home(pid: int) -> str:
     try:
-        for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-            if item.startswith(b"HERDFENCE_HOME="):
-                return item.split(b"=", 1)[1].decode(errors="replace")
-    except OSError:
-        pass
-    return ""
+        return psutil.Process(pid).environ().get("HERDFENCE_HOME", "")
+    except psutil.Error:                          # gone, or another user's
+        return ""
 
 
 @dataclass
@@ -82,10 +85,7 @@ class CpuSampler(threading.Thread):
             for p in descendants(int(pid), tree) if pid else ():
                 roles[p] = role
         home = str(self.settings.home)
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            pid = int(entry)
+        for pid in psutil.pids():
             if _environ_home(pid) != home:
                 continue
             cmd = cmdline(pid)
@@ -104,11 +104,10 @@ class CpuSampler(threading.Thread):
 
     def snapshot(self) -> Snapshot:
         ticks = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                t = cpu_ticks(int(entry))
-                if t:
-                    ticks[int(entry)] = t
+        for pid in psutil.pids():
+            t = cpu_ticks(pid)
+            if t:
+                ticks[pid] = t
         busy, total = machine_ticks()
         return Snapshot(time.time(), ticks, busy, total)
 

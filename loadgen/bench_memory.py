@@ -1,9 +1,7 @@
 """Where a benchmark's memory goes (issue 23): resident memory of the active job's driver (its Python
 process and its JVM, which in local mode also runs the executor), its Python workers, the Redis
-masters and the bench itself, sampled from /proc while the run goes; and Redis bytes per device, from
-INFO memory of the masters and MEMORY USAGE of sample keys of each key family the job writes.
-
-No psutil: /proc is read directly (Linux, where the stack runs)."""
+masters and the bench itself, sampled (psutil) while the run goes; and Redis bytes per device, from
+INFO memory of the masters and MEMORY USAGE of sample keys of each key family the job writes."""
 from __future__ import annotations
 
 import itertools
@@ -11,39 +9,31 @@ import os
 import resource
 import threading
 import time
-from pathlib import Path
+
+import psutil
 
 MB = 1024 * 1024
 
 
 def rss_bytes(pid: int) -> int:
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+        return psutil.Process(pid).memory_info().rss
+    except psutil.Error:                          # gone, a zombie, or not ours to read
+        return 0
 
 
 def cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+        return " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
         return ""
 
 
 def children_by_parent() -> dict[int, list[int]]:
     out: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-            ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        out.setdefault(ppid, []).append(int(entry))
+    for proc in psutil.process_iter(["ppid"]):       # a process gone meanwhile is left out
+        if proc.info["ppid"] is not None:
+            out.setdefault(proc.info["ppid"], []).append(proc.pid)
     return out
 
 

@@ -73,9 +73,10 @@ def start(modules: tuple[str, ...] = FORKED, preload: tuple[str, ...] = PRELOAD)
 
 def _remove_stale() -> None:
     """The folders of servers whose job was killed with them (the server removes its own otherwise)."""
+    import psutil  # here: the server and its workers do without it
     for folder in Path(tempfile.gettempdir()).glob(f"{PREFIX}*-*"):
         owner = folder.name[len(PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+        if owner.isdigit() and not psutil.pid_exists(int(owner)):
             shutil.rmtree(folder, ignore_errors=True)
 
 

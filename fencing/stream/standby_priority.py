@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import resource
-from pathlib import Path
+
+import psutil
 
 log = logging.getLogger(__name__)
 
@@ -31,28 +32,18 @@ def lower(niceness: int) -> bool:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every process below `pid` (children, their children...), from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue                                  # gone meanwhile
-        fields = text[text.rfind(")") + 2:].split()   # after the command name, which may hold spaces
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    """Every process below `pid` (children, their children...)."""
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def threads(pid: int) -> list[int]:
     """The thread ids of a process (Linux keeps a niceness per thread)."""
     try:
-        return [int(t.name) for t in Path(f"/proc/{pid}/task").iterdir()]
-    except OSError:
+        return [t.id for t in psutil.Process(pid).threads()]
+    except psutil.Error:                              # gone, or not ours to read
         return []
 
 

@@ -125,3 +125,18 @@ assert plots._plt() is None
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "matplotlib is not installed" in done.stderr
+
+
+PSUTIL_USERS = ("deploy/procs.py", "deploy/supervisor.py", "fencing/stream/fork_server.py",
+                "fencing/stream/standby_priority.py", "loadgen/bench_memory.py", "loadgen/bench_cpu.py")
+
+
+def test_process_state_comes_from_psutil_not_hand_parsed_proc_files():
+    """Process state, parents, groups, RSS and CPU ticks come from psutil in these modules: no hand
+    parsing of a process's /proc files (stat, status, cmdline, environ, task), no listing of /proc and
+    no /proc/<pid> existence check."""
+    by_hand = re.compile(r"""/proc/(\{[^}]*\}|self|\d+)(/(stat|status|cmdline|environ|task)\b|["'])|["']/proc["']""")
+    for path in PSUTIL_USERS:
+        code = "\n".join(line.split("#", 1)[0] for line in (ROOT / path).read_text().splitlines())
+        assert not by_hand.search(code), f"{path} reads /proc by hand: {by_hand.search(code).group(0)}"
+        assert "import psutil" in code, path
