@@ -98,15 +98,16 @@ class FenceCache:
         return sent + self._load_current(redis, groups)
 
     def warm(self, redis) -> int:
-        """Bulk-load every group not cached yet (a preloading cache only); returns the number of
-        Redis commands sent. Run by the first refresh, and by the job's keep-warm tasks while the
-        stream is idle: groups saved since (a farm's new paddocks, a bulk import) then arrive in one
-        build instead of one shard rebuild per batch that meets them."""
+        """Bring every group up to date: those not cached yet and those changed since they were
+        loaded (a preloading cache only); returns the number of Redis commands sent. Run by the
+        first refresh, and by the job's keep-warm tasks while the stream is idle: fences saved since
+        (a farm's new paddocks, in a new group or one already cached, a bulk import) then arrive in
+        one build instead of one shard rebuild per batch that meets them."""
         if not self.preload:
             return 0
         self._preloaded = True
-        missing = sorted(set(all_groups(redis)) - set(self.groups))
-        sent = self._load_current(redis, missing) if missing else 0
+        groups = sorted(all_groups(redis))
+        sent = self._load_current(redis, groups) if groups else 0
         self.build_indexes()
         return sent
 

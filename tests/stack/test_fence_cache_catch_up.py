@@ -32,3 +32,16 @@ def test_a_preloaded_cache_takes_every_fence_saved_since_when_it_meets_a_new_gro
     assert uid in cache.fence_farm, "the fence saved after the preload was not loaded"
     table = cache.farm_fences()
     assert uid in set(table.uids.tolist())
+
+
+def test_a_warm_run_takes_a_fence_saved_into_a_group_the_cache_already_holds(stack):
+    """Keep-warm (cache.warm) brings changed groups up to date too, not only new ones: a strip drawn
+    inside a paddock while the herd is quiet is in every worker before the next report."""
+    farm = Farm(stack, "warm farm")
+    first = farm.fence(square(-58.30, -39.20), name="first paddock")
+    cache = FenceCache(preload=True)
+    cache.warm(stack.redis)
+    assert f"{farm.farm_id}/{first}" in cache.fence_farm
+    beside = farm.fence(square(-58.297, -39.197, 0.004), name="a strip inside it")   # the same cell group
+    cache.warm(stack.redis)
+    assert f"{farm.farm_id}/{beside}" in cache.fence_farm, "a warm run left a changed group stale"
