@@ -39,11 +39,13 @@ def test_many_streams_one_farm_each_gets_every_event_and_no_other_farms(stack):
         limits = httpx.Limits(max_connections=100, max_keepalive_connections=0)
         async with httpx.AsyncClient(base_url=stack.api_url, limits=limits, timeout=60) as c:
             ready = asyncio.Semaphore(0)
-            mine = [asyncio.create_task(_stream(c, farm.key, 2, ready)) for _ in range(60)]
+            # 40: the per-farm cap of one API worker (HERDFENCE_STREAMS_PER_FARM), so the test holds
+            # however the kernel spreads the connections over the workers
+            mine = [asyncio.create_task(_stream(c, farm.key, 2, ready)) for _ in range(40)]
             theirs = [asyncio.create_task(_stream(c, other.key, 1, ready)) for _ in range(5)]
-            for _ in range(65):
+            for _ in range(45):
                 await asyncio.wait_for(ready.acquire(), 30)
-            # with 65 streams open, the rest of the API answers
+            # with 45 streams open, the rest of the API answers
             r = await c.get("/v1/fences", headers={"Authorization": f"Bearer {farm.key}"})
             assert r.status_code == 200 and r.json()["features"][0]["id"] == fence_id
             await asyncio.to_thread(farm.report, "s-cow", INSIDE, INSIDE2, OUTSIDE, OUTSIDE)
@@ -55,7 +57,7 @@ def test_many_streams_one_farm_each_gets_every_event_and_no_other_farms(stack):
             return [st for st, _ in results], [g for _, g in results], leaked
 
     statuses, got, leaked = asyncio.run(scenario())
-    assert statuses.count(200) == 60, statuses
+    assert statuses.count(200) == 40, statuses
     for events in got:
         assert [(e["type"], e["device_id"], e["fence_id"]) for e in events] == \
             [("enter", "s-cow", fence_id), ("exit", "s-cow", fence_id)], events
