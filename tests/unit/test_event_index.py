@@ -10,14 +10,13 @@ import random
 
 import orjson
 import pytest
-from redis.cluster import RedisCluster
 
 from api.events import list_events
-from deploy import redis_cluster
-from fencing.config import load_settings
 from fencing.model import event_index, keys
 from fencing.stream.retention import trim_events
 from fencing.stream.sinks import event_log
+
+from tests.redis_kit import own_cluster
 
 PORT = 13221 + int(os.environ.get("HERDFENCE_TEST_PORT_OFFSET", "0"))   # bus ports 23221-23223
 T0 = 1_700_000_000_000
@@ -25,15 +24,8 @@ T0 = 1_700_000_000_000
 
 @pytest.fixture(scope="module")
 def redis(tmp_path_factory):
-    settings = load_settings({"HERDFENCE_HOME": str(tmp_path_factory.mktemp("evindex-home")),
-                              "HERDFENCE_EMBEDDED_REDIS_PORT": str(PORT)})
-    try:
-        redis_cluster.up(settings)
-        rc = RedisCluster(host="127.0.0.1", port=PORT, decode_responses=True)
+    with own_cluster(tmp_path_factory.mktemp("evindex-home"), PORT) as rc:
         yield rc
-        rc.close()
-    finally:
-        redis_cluster.down(settings)
 
 
 def _event(farm: str, n: int, fence: str | None, device: str, ts: int) -> dict:

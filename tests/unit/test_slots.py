@@ -14,8 +14,9 @@ import redis
 from redis.cluster import RedisCluster
 
 from deploy import redis_cluster
-from fencing.config import load_settings
 from fencing.elastic import slots
+
+from tests.redis_kit import own_cluster
 
 PORT = 13201 + int(os.environ.get("HERDFENCE_TEST_PORT_OFFSET", "0"))   # bus ports 23201-23203
 GROUPS = [f"{{slots-test:{i}}}" for i in range(200)]                     # one hash tag → one slot each
@@ -23,15 +24,8 @@ GROUPS = [f"{{slots-test:{i}}}" for i in range(200)]                     # one h
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    settings = load_settings({"HERDFENCE_HOME": str(tmp_path_factory.mktemp("slots-home")),
-                              "HERDFENCE_EMBEDDED_REDIS_PORT": str(PORT)})
-    try:
-        redis_cluster.up(settings)
-        rc = RedisCluster(host="127.0.0.1", port=PORT, decode_responses=True)
+    with own_cluster(tmp_path_factory.mktemp("slots-home"), PORT) as rc:
         yield rc
-        rc.close()
-    finally:
-        redis_cluster.down(settings)
 
 
 class Writer(threading.Thread):
