@@ -11,6 +11,7 @@ from fastapi import Depends, HTTPException, Request
 from starlette.concurrency import run_in_threadpool
 
 from api import invalidation, rate_limits
+from api.worker_sync import SharedStamp
 from fencing.model import keys, notify
 
 
@@ -35,13 +36,28 @@ def hash_secret(secret: str) -> str:
 # Every pull query pays for auth and secrets change rarely, so each API worker caches secret → principal:
 # for a minute while the invalidation channel is live (a replaced token is published on it), else for
 # 5 s. An unknown secret is remembered for 2 s only, so a key is usable as soon as it is created.
+# The workers of this host also share a stamp that changes with every secret (api/worker_sync.py), so
+# a replaced secret fails on the next request whichever worker answers it.
 _KNOWN_TTL_S, _FALLBACK_TTL_S, _UNKNOWN_TTL_S = 60.0, 5.0, 2.0
 _cache: dict[str, tuple[float, Principal | None]] = {}
 invalidation.on(notify.AUTH, lambda _farms: _cache.clear())
+_secrets_stamp = SharedStamp("secrets")
+_cache_stamp = b""
+
+
+def secrets_changed(redis) -> None:
+    """Call after a key or token is created, replaced or revoked: every API worker drops its cache."""
+    _secrets_stamp.renew()
+    notify.auth_changed(redis)
 
 
 def _cached(digest: str, now: float) -> tuple[bool, Principal | None]:
     """(still fresh, principal or None for an unknown secret); (False, None) when not cached."""
+    global _cache_stamp
+    stamp = _secrets_stamp.read()
+    if stamp != _cache_stamp:
+        _cache.clear()
+        _cache_stamp = stamp
     hit = _cache.get(digest)
     if hit is None:
         return False, None

@@ -6,7 +6,7 @@ import time
 
 import orjson
 
-from api.auth import hash_secret, new_secret
+from api.auth import hash_secret, new_secret, secrets_changed
 from fencing.model import keys, notify
 
 DEVICE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")     # \Z: "$" would let a trailing newline in
@@ -37,7 +37,7 @@ def rotate_farm_key(redis, farm_id: str) -> str:
     redis.set(keys.apikey(digest), farm_id)
     redis.hset(keys.farm(farm_id), "key_hash", digest)
     redis.delete(keys.apikey(old))
-    notify.auth_changed(redis)
+    secrets_changed(redis)
     return api_key
 
 
@@ -51,7 +51,7 @@ def revoke_device_token(redis, farm_id: str, device_id: str) -> bool:
     if old:
         redis.delete(keys.devtoken(old))
     redis.hset(keys.farm_devices(farm_id), device_id, orjson.dumps(record))
-    notify.auth_changed(redis)
+    secrets_changed(redis)
     return True
 
 
@@ -67,7 +67,7 @@ def register_device(redis, farm_id: str, device_id: str, herd: str | None, with_
         old = record.get("token_hash")
         if old:
             redis.delete(keys.devtoken(old))
-            notify.auth_changed(redis)   # API workers drop the old token now
+            secrets_changed(redis)   # API workers drop the old token now
         record["token_hash"] = hash_secret(token)
         redis.set(keys.devtoken(record["token_hash"]), f"{farm_id}\t{device_id}")
     redis.hset(keys.farm_devices(farm_id), device_id, orjson.dumps(record))
@@ -166,5 +166,5 @@ def register_devices_bulk(redis, devices, with_tokens: bool = False, chunk: int 
         pipe.hset(keys.DEVICE_REGISTRY, mapping={d: registry[d] for d in ids})
         pipe.execute()
     if with_tokens:
-        notify.auth_changed(redis)   # tokens may have replaced older ones
+        secrets_changed(redis)   # tokens may have replaced older ones
     return tokens
