@@ -7,7 +7,7 @@ import time
 import orjson
 
 from api.auth import hash_secret, new_secret, secrets_changed
-from fencing.model import keys, notify
+from fencing.model import keys
 
 DEVICE_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}\Z")     # \Z: "$" would let a trailing newline in
 HERD = re.compile(r"[\w .:-]{0,64}\Z")
