@@ -51,9 +51,10 @@ ui-assets: $(UI_DIR)/node_modules/.installed
 up: setup
 	$(BIN)/herdfence up
 
-# the whole suite: unit tests, the shared stack, then the disposable and cluster stacks (tests/conftest.py)
+# the whole suite as two runs side by side (tests/suite.py): the shared stack's, and the disposable and
+# cluster stacks' (tests/conftest.py orders each)
 test: setup
-	$(BIN)/python -m pytest -q --durations=15 tests
+	$(BIN)/python -m tests.suite
 
 # the edit loop: unit tests and the flows on one stack
 test-fast: setup

@@ -206,6 +206,7 @@ def _order(item) -> tuple[int, int]:
     return (1, 0)
 
 
+@pytest.hookimpl(tryfirst=True)    # before `-m` deselection, which reads the markers set here
 def pytest_collection_modifyitems(config, items) -> None:
     for item in items:
         group, _ = _order(item)
@@ -214,10 +215,15 @@ def pytest_collection_modifyitems(config, items) -> None:
         if group >= 2:
             item.add_marker(pytest.mark.destructive)
     items[:] = sorted(items, key=_order)       # stable: a module's tests keep their order
+
+
+def pytest_collection_finish(session) -> None:
+    """Start the shared stack early when what runs (after `-m`/`-k`) has unit tests and tests on it."""
     global _EARLY
+    items = session.items
     wants_stack = any(_order(i)[0] == 1 and "stack" in i.fixturenames for i in items)
-    if wants_stack and any(_order(i)[0] == 0 for i in items) and _EARLY is None and not config.option.collectonly:
-        home = Path(config._tmp_path_factory.mktemp("herdfence-home"))   # noqa: SLF001 - pytest's own
+    if wants_stack and any(_order(i)[0] == 0 for i in items) and _EARLY is None and not session.config.option.collectonly:
+        home = Path(session.config._tmp_path_factory.mktemp("herdfence-home"))   # noqa: SLF001 - pytest's own
         _EARLY = _EarlyStart(_session_stack(home))
         _EARLY.start()
 

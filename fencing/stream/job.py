@@ -259,7 +259,11 @@ def main() -> None:
         keep_warm.every_s = max(keep_warm.every_s, STANDBY_WARM_EVERY_S)
     warm_executors = bool(epoch) or is_local(settings.spark_master_url)
     if warm_executors:
-        _try(keep_warm.warm_once, "warming the Python workers")
+        if not epoch:
+            # a standby warms now, so that a take-over pays nothing; an active job starts its query at
+            # once: its first micro-batch starts the workers, and the keep-warm thread fills their
+            # caches once the stream is idle
+            _try(keep_warm.warm_once, "warming the Python workers")
         keep_warm.start()
     writer = query_writer(spark, settings, processor)
     processor.epoch = epoch

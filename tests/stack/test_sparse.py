@@ -91,8 +91,8 @@ def test_active_windows_no_events_and_no_members_outside_them(stack):
     bad = farm.api.post("/v1/fences", json={"type": "Feature", "geometry": square(8.50, 47.00),
                                             "properties": {"name": "x", "warn_m": -3}})
     assert bad.status_code == 422 and "warn_m" in bad.json()["detail"]
-    # strip 3 closes in half a minute, strip 1 was grazed an hour ago, strip 2 opens tomorrow
-    closing = farm.fence(square(8.54, 47.00), "strip 3", active_from=now - 2 * 3600_000, active_to=now + 30_000)
+    # strip 3 closes in 15 s (its ENTER comes first), strip 1 was grazed an hour ago, strip 2 opens tomorrow
+    closing = farm.fence(square(8.54, 47.00), "strip 3", active_from=now - 2 * 3600_000, active_to=now + 15_000)
     past = farm.fence(square(8.50, 47.00), "strip 1", active_from=iso(now - 2 * 3600_000),
                       active_to=iso(now - 30 * MIN))
     future = farm.fence(square(8.52, 47.00), "strip 2", active_from=now + 24 * 3600_000)

@@ -21,6 +21,7 @@ from ingest.kafka_source import (ARROW_SCHEMA, KafkaStreamReader, SourceOptions,
 from ingest.producer import BrokerUnavailable, KafkaWriter, ReportProducer
 from ingest.validate import PING_KEY, parse_kafka_values, validate_report_dicts
 
+pytestmark = pytest.mark.own_services      # a broker and Spark of its own
 PORT = 29192 + OFFSET
 BOOT = f"127.0.0.1:{PORT}"
 NOW = 1_750_000_000_000
