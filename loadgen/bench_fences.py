@@ -7,7 +7,7 @@ For each fence count N (e.g. 10,000 and 1,000,000):
   2. bulk-load the fences into Redis Cluster (fencing.model.fence_store: bulk H3 covers + pipelined writes
      into the `{g:<group>}:fences` / `:ver` group keys), in chunks; load time, fences/s and INFO memory
      of every master;
-  3. do what the job's tasks do: route the points by cell group to P partitions (fencing.elastic.routing,
+  3. do what the job's tasks do: route the points by cell group to P partitions (fencing.stream.routing,
      aligned: a partition's groups live on one Redis master), and per partition load ONLY that
      partition's groups through FenceCache.refresh from Redis (cache load time, fences cached), then
      time FenceCache.match on the partition's points (best of `repeat`; ns/point, points/s); and, for
@@ -92,7 +92,7 @@ def masters_memory(redis) -> dict[str, dict]:
     """INFO memory of every master, by address."""
     import redis as redis_mod
 
-    from fencing.elastic.routing import slot_map
+    from fencing.stream.routing import slot_map
     out = {}
     for node in slot_map(redis)[1]:
         host, _, port = node.rpartition(":")
@@ -105,7 +105,7 @@ def masters_memory(redis) -> dict[str, dict]:
 def _flush_masters(redis) -> None:
     import redis as redis_mod
 
-    from fencing.elastic.routing import slot_map
+    from fencing.stream.routing import slot_map
     for node in slot_map(redis)[1]:
         host, _, port = node.rpartition(":")
         redis_mod.Redis(host=host, port=int(port), socket_timeout=120).flushall()
@@ -169,7 +169,7 @@ def simulate_region(fences: int, points: int, seed: int = 0, fences_per_farm: in
 def run_one(redis, fences: int, points: int, *, seed: int = 0, partitions: int = 6, repeat: int = 3,
             fences_per_farm: int = 12, devices_per_farm: int = 4, cleanup: bool = False,
             check: bool = True) -> dict:
-    from fencing.elastic import routing
+    from fencing.stream import routing
     from fencing.stream.fence_cache import FenceCache
     from fencing.model.fence_store import fence_uid, save_fences_bulk, validate_features_bulk
     from fencing.model.h3util import cells_for_points, cells_to_strs, parent

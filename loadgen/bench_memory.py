@@ -129,7 +129,7 @@ def masters_used_memory(redis) -> int:
     """INFO memory used_memory summed over the masters (bytes)."""
     import redis as redis_mod
 
-    from fencing.elastic.routing import slot_map
+    from fencing.stream.routing import slot_map
     total = 0
     for node in slot_map(redis)[1]:
         host, _, port = node.rpartition(":")

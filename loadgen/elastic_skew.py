@@ -35,7 +35,8 @@ def _say(msg: str) -> None:
 
 # --- status ----------------------------------------------------------------------------------------
 def status(redis) -> dict:
-    from fencing.elastic import controller as elastic, routing
+    from fencing.elastic import controller as elastic
+    from fencing.stream import routing
     table = routing.load(redis)
     raw = redis.get(elastic.STATUS_KEY)
     beat = read_heartbeat(redis) or Heartbeat(batch_id=-1, time=0.0)
@@ -219,7 +220,8 @@ def run_skew(out: Path, devices: int = 1000, steps: int = 80, rate: float = 3000
     from deploy import stack
     from deploy.procs import read_record
     from fencing.config import load_settings
-    from fencing.elastic import controller as elastic, routing
+    from fencing.elastic import controller as elastic
+    from fencing.stream import routing
     from fencing.model.redis_conn import cluster
     from loadgen.herd import simulate
     from loadgen.reference import expected_events  # inferred and late events too

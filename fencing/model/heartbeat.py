@@ -39,7 +39,7 @@ class PartitionStats:
     worker_pid: int = 0                   # the Python worker that ran it (which pool a stage meets)
     groups: dict[str, float] = field(default_factory=dict)         # points per cell group
     stage_s: dict[str, float] = field(default_factory=dict)        # seconds per step of the task
-    # set by the elastic wrapper (fencing.elastic.controller.elastic_process)
+    # the loads the elastic controller plans by, and its reconfiguration steps (fencing.stream.process)
     route_groups: dict[str, float] = field(default_factory=dict)   # points per group as routed
     children: dict[str, dict[str, float]] = field(default_factory=dict)   # per split group: per child
     reload_s: float = 0.0                 # reloading the fences of groups moved to this task

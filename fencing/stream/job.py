@@ -26,22 +26,20 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from fencing.config import TOPIC_REPORTS, Settings, load_settings
-from fencing.elastic import routing
+from fencing.stream import routing
 from fencing.model.fence_store import DELETED_FENCES
 from fencing.model.heartbeat import Heartbeat, PartitionStats, ReaderTiming, RunningBatch
 from fencing.model.offset_log import logged_offsets
 from fencing.model.lease import Lease, mark_standby
-from fencing.stream.prepare import unpack
-from fencing.stream.process import OUTPUT_DDL, OUT_KIND_DEAD, OUT_KIND_EVENT, OUT_KIND_PING, OUT_KIND_READ, OUT_KIND_STATS, \
-    ProcessContext, process_partition
-from fencing.stream import fork_server
+from fencing.stream.process import ProcessContext, process_partition
+from fencing.stream import fork_server, rows
 from fencing.stream.keep_warm import ACTIVE_WARM_KEY, KEEP_WARM_S, STANDBY_WARM_KEY, KeepWarm
 from fencing.model.redis_conn import cluster
 from fencing.stream.pruning import DeletedFencePruner, HistoryCompactor
 from fencing.stream.retention import RETENTION_DAYS, EventRetention
 from fencing.stream.silent import SEEN_STEP_MS, SilentScanner
 from fencing.stream import standby_priority
-from fencing.stream.single_task import batch_is_single_task, single_task_stage
+from fencing.stream.single_task import single_task_stage
 from fencing.stream.sinks import Sinks
 from fencing.stream.spark_session import build_session, is_local, start_scale_watcher
 from fencing.config import TUNING
@@ -50,7 +48,6 @@ log = logging.getLogger("herdfence.job")
 MAX_OFFSETS_PER_TRIGGER = TUNING.max_offsets_per_trigger
 TRIGGER = TUNING.trigger
 ELASTIC = TUNING.elastic
-SINGLE_TASK_RECORDS = TUNING.single_task_records
 STANDBY_WARM_EVERY_S = 45.0     # a standby's keep-warm period (Spark stops Python workers idle 60 s)
 
 
@@ -102,34 +99,32 @@ class BatchProcessor:
         host, port = self.settings.redis_node
         deleted = frozenset(self.redis.smembers(DELETED_FENCES))
         proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id,
-                              SEEN_STEP_MS, self.epoch)
-        if self.elastic:   # the elastic wrapper: moved-group cache invalidation, child loads, shedding
-            from fencing.elastic.controller import elastic_process as process
-        else:
-            process = process_partition
-        # df: the source's reports, already parsed and routed by the readers (fencing.stream.report_source)
+                              SEEN_STEP_MS, self.epoch, elastic=self.elastic)
+
+        def stage(shuffled, partition: int | None = None):
+            return process_partition(proc, rows.unpack(shuffled), partition)
+        # df: the source's reports, already parsed and routed by the readers (fencing.stream.report_source),
         # collected as Arrow: no Row object per event (tens of thousands a batch under a backlog)
-        if batch_is_single_task(self.checkpoint, batch_id, SINGLE_TASK_RECORDS):
-            # one task read the whole batch: it processes each routed partition in turn, no shuffle
-            salts = routing.partition_salts(n)
-            stage = single_task_stage(salts, lambda part, p: process(proc, iter(part), p))
-            out = df.mapInArrow(lambda it: stage(unpack(it)), OUTPUT_DDL).toArrow()
+        if df.rdd.getNumPartitions() == 1:
+            # the source read the batch in one task (fencing.stream.single_task): that task processes
+            # each routed partition in turn, no shuffle
+            one_task = single_task_stage(routing.partition_salts(n), stage)
+            out = df.mapInArrow(one_task, rows.OUTPUT_DDL).toArrow()
         else:
-            stage = lambda it: process(proc, unpack(it))   # noqa: E731
-            out = df.repartition(n, "route").mapInArrow(stage, OUTPUT_DDL).toArrow()
+            out = df.repartition(n, "route").mapInArrow(stage, rows.OUTPUT_DDL).toArrow()
         spark_s = time.time() - started
         kinds = out.column("kind").to_numpy()
         # events stay Arrow (produced in chunks by the sinks): none becomes a Python object here
-        events = out.filter(pa.array(kinds == OUT_KIND_EVENT))
-        side = out.filter(pa.array(kinds != OUT_KIND_EVENT))
+        events = out.filter(pa.array(kinds == rows.EVENT))
+        side = out.filter(pa.array(kinds != rows.EVENT))
         del out
         side_kinds, payloads = side.column("kind").to_numpy(), side.column("payload")
 
         def rows_of(kind: int) -> list[str]:
             return payloads.filter(pa.array(side_kinds == kind)).to_pylist()
-        dead, pings = rows_of(OUT_KIND_DEAD), rows_of(OUT_KIND_PING)
-        stats = [PartitionStats.from_json(p) for p in rows_of(OUT_KIND_STATS)]
-        readers = [ReaderTiming.from_json(p) for p in rows_of(OUT_KIND_READ)]
+        dead, pings = rows_of(rows.DEAD), rows_of(rows.PING)
+        stats = [PartitionStats.from_json(p) for p in rows_of(rows.STATS)]
+        readers = [ReaderTiming.from_json(p) for p in rows_of(rows.READ)]
         self.sinks.write(f"{self.run_id}:{batch_id}", events, dead, pings)
         self._heartbeat(batch_id, table.version, started, events, dead, stats, readers,
                         spark_s=spark_s, sinks_s=time.time() - started - spark_s)
@@ -212,7 +207,7 @@ def _source(spark: SparkSession, settings: Settings, starting: str = "earliest",
             .option("subscribe", TOPIC_REPORTS)
             .option("startingOffsets", starting)
             .option("maxOffsetsPerTrigger", str(max_offsets))
-            .option("singleTaskMaxRecords", str(SINGLE_TASK_RECORDS))
+            .option("singleTaskMaxRecords", str(TUNING.single_task_records))
             # a loud failure on lost offsets, unless the operator asked to skip them (docs/operations.md)
             .option("failOnDataLoss", "false" if TUNING.skip_lost_offsets else "true")
             .load())

@@ -75,7 +75,7 @@ class KeepWarm(Periodic):
                 .mapInArrow(_warm_task(self.redis_node), "pid long, fences long").collect()]
         self.workers_met = len({r["pid"] for r in rows})
         if self.planner:          # a standby: also what the first batch after a take-over would pay
-            from fencing.elastic import routing
+            from fencing.stream import routing
             from fencing.stream.warm_standby import warm_batch_path, warm_planner
             warm_planner(self.spark)
             warm_batch_path(self.spark, routing.load(self.redis).partitions)

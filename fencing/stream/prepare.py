@@ -3,7 +3,7 @@ report's farm, compute its H3 cell and cell group, and the route of its device.
 
 A device's reports of a batch all sit in one Kafka partition (key = device id), so this stage sees them
 together and routes them all to the partition of the group of the device's latest report: one task
-then owns the device's state for the batch.
+then owns the device's state for the batch. Its output rows are fencing.stream.rows.SHUFFLED.
 """
 from __future__ import annotations
 
@@ -22,26 +22,9 @@ from fencing.model.geometry import group_names
 from fencing.model.heartbeat import ReaderTiming
 from fencing.model.h3util import cells_for_points
 from fencing.model.redis_conn import cluster
-from fencing.elastic.routing import RoutingTable, buckets_of, device_runs
+from fencing.stream.routing import RoutingTable, buckets_of, device_runs
+from fencing.stream import rows
 from ingest.validate import DeadLetter, parse_kafka_values
-
-KIND_REPORT, KIND_DEAD, KIND_PING, KIND_READ = 0, 1, 2, 3   # KIND_READ: the reader's own timings
-
-# What the readers hand to the shuffle: per routed partition, one row holding its reports of the
-# reader's range as an Arrow IPC stream (PACKED, arrival order; a row per BLOB_ROWS reports), plus side
-# rows (dead letters, pings, reader timings; payload = UTF-8 text). The JVM then converts and shuffles
-# a few large binary values per task instead of a row (or array element) per report: it only moves
-# bytes.
-BLOB_ROWS = 250_000      # ~16 MB a value: far below the 2 GB an Arrow binary value (int32 offsets) can hold
-SHUFFLED = pa.schema([("kind", pa.int8()), ("route", pa.int64()), ("payload", pa.binary())])
-SHUFFLED_DDL = "kind tinyint, route bigint, payload binary"
-PACKED = pa.schema([("farm_id", pa.string()), ("device_id", pa.string()), ("ts", pa.int64()),
-                    ("lat", pa.float64()), ("lon", pa.float64()), ("battery", pa.float64()), ("cell", pa.int64()),
-                    ("accuracy_m", pa.float64())])
-# What the process stage works on: one row per report (see `unpack`), side rows with payload text
-REPORTS = pa.schema([("kind", pa.int8()), ("route", pa.int64()), *PACKED, ("payload", pa.string()),
-                     ("grp", pa.string())])
-
 
 @dataclass(frozen=True)
 class PrepareContext:
@@ -95,7 +78,7 @@ def prepare_partition(ctx: PrepareContext, batches, gaps: list | None = None) ->
     gap_dicts = [g.to_dict() for g in gaps or ()]
     if not tables:
         if gap_dicts:
-            yield _side_rows(KIND_READ, [ReaderTiming(gaps=gap_dicts).to_json()], ctx)
+            yield rows.side_rows(rows.READ, [ReaderTiming(gaps=gap_dicts).to_json()], ctx.salts[0])
         return
     read_s = time.perf_counter() - started
     raw = pa.concat_tables(tables)
@@ -119,13 +102,13 @@ def prepare_partition(ctx: PrepareContext, batches, gaps: list | None = None) ->
         if good.num_rows:
             out += _routed_reports(ctx, good, farm)
     if dead:
-        out.append(_side_rows(KIND_DEAD, [d.to_bytes().decode() for d in dead], ctx))
+        out.append(rows.side_rows(rows.DEAD, [d.to_bytes().decode() for d in dead], ctx.salts[0]))
     if parsed.pings:
-        out.append(_side_rows(KIND_PING, [str(p) for p in parsed.pings], ctx))
+        out.append(rows.side_rows(rows.PING, [str(p) for p in parsed.pings], ctx.salts[0]))
     # where a batch's time goes before the shuffle: reported in the heartbeat ("readers")
     timing = ReaderTiming(raw.num_rows, round(read_s, 4), round(time.perf_counter() - started - read_s, 4),
                           gaps=gap_dicts)
-    out.append(_side_rows(KIND_READ, [timing.to_json()], ctx))
+    out.append(rows.side_rows(rows.READ, [timing.to_json()], ctx.salts[0]))
     yield from out
 
 
@@ -140,7 +123,7 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> list
     last_group = group_code[devices.last]
     salts = np.asarray(ctx.salts, dtype=np.int64)
     if ctx.routing.splits and any(g in ctx.routing.splits for g in names):
-        # a split (hot) group is routed by the device's bucket (fencing.elastic.routing.bucket_of); its fence and
+        # a split (hot) group is routed by the device's bucket (fencing.stream.routing.bucket_of); its fence and
         # state keys stay at group level, so any partition can serve any bucket of it
         parts = np.array([ctx.routing.partition_of_child(names[g], b)
                           for g, b in zip(last_group.tolist(), buckets_of(devices.keys))], dtype=np.int64)
@@ -155,52 +138,8 @@ def _routed_reports(ctx: PrepareContext, good: pa.Table, farm: pa.Array) -> list
         farm, good.column("device_id").combine_chunks(), pa.array(ts, pa.int64()), pa.array(lat), pa.array(lon),
         good.column("battery").combine_chunks().cast(pa.float64()), pa.array(cells.view(np.int64)),
         good.column("accuracy_m").combine_chunks().cast(pa.float64()),
-    ], schema=PACKED).take(pa.array(order))
+    ], schema=rows.REPORT_SCHEMA).take(pa.array(order))
     targets, starts, counts = np.unique(part_of_report[order], return_index=True, return_counts=True)
-    return [_blob(int(salts[t]), routed.slice(lo, min(BLOB_ROWS, start + count - lo)))
+    return [rows.packed(int(salts[t]), routed.slice(lo, min(rows.BLOB_ROWS, start + count - lo)))
             for t, start, count in zip(targets.tolist(), starts.tolist(), counts.tolist())
-            for lo in range(start, start + count, BLOB_ROWS)]
-
-
-def _blob(route: int, reports: pa.RecordBatch) -> pa.RecordBatch:
-    """One shuffled row: `reports` as an Arrow IPC stream (its buffer becomes the value, no copy)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, reports.schema) as writer:
-        writer.write_batch(reports)
-    offsets = pa.array(np.array([0, sink.tell()], np.int32)).buffers()[1]
-    return pa.RecordBatch.from_arrays([pa.array([KIND_REPORT], pa.int8()), pa.array([route], pa.int64()),
-                                       pa.Array.from_buffers(pa.binary(), 1, [None, offsets, sink.getvalue()])],
-                                      schema=SHUFFLED)
-
-
-def _side_rows(kind: int, payloads: list[str], ctx: PrepareContext) -> pa.RecordBatch:
-    n = len(payloads)
-    return pa.RecordBatch.from_arrays([pa.array(np.full(n, kind, np.int8)), pa.array(np.full(n, ctx.salts[0], np.int64)),
-                                       pa.array(payloads, pa.string()).cast(pa.binary())], schema=SHUFFLED)
-
-
-def unpack(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The process stage's input as one row per report (REPORTS), each with its cell group ("grp"): the
-    shuffle does not carry the group, it follows from the cell. Side rows pass through."""
-    for batch in batches:
-        if not batch.num_rows:
-            continue
-        is_report = batch.column("kind").to_numpy(zero_copy_only=False) == KIND_REPORT
-        if is_report.any():
-            rows = batch.filter(pa.array(is_report))
-            for route, payload in zip(rows.column("route").to_pylist(), rows.column("payload")):
-                yield _with_groups(route, pa.ipc.open_stream(payload.as_buffer()).read_next_batch())
-        if not is_report.all():
-            side = batch.filter(pa.array(~is_report))
-            given = {"kind": side.column("kind"), "route": side.column("route"),
-                     "payload": side.column("payload").cast(pa.string())}
-            yield pa.RecordBatch.from_arrays([given[f.name] if f.name in given else pa.nulls(side.num_rows, f.type)
-                                              for f in REPORTS], schema=REPORTS)
-
-
-def _with_groups(route: int, reports: pa.RecordBatch) -> pa.RecordBatch:
-    n = reports.num_rows
-    names, code = group_names(reports.column("cell").to_numpy().view(np.uint64))
-    return pa.RecordBatch.from_arrays([pa.array(np.full(n, KIND_REPORT, np.int8)), pa.array(np.full(n, route, np.int64)),
-                                       *reports.columns, pa.nulls(n, pa.string()), pa.array(names[code], pa.string())],
-                                      schema=REPORTS)
+            for lo in range(start, start + count, rows.BLOB_ROWS)]

@@ -1,7 +1,11 @@
 """Stage 2 of a micro-batch (one task per routed partition): membership against the task's fence
 cache, device state read in bulk from Redis (versioned by batch id), debounced transitions, and the
-idempotent live-state writes (state, positions, position index, fence members). Events, dead letters,
-pings and the partition's load statistics go back to the driver as rows.
+idempotent live-state writes (state, positions, position index, fence members). Events, the side rows
+it was handed, and the partition's load statistics go back to the driver as rows (fencing.stream.rows).
+
+Its steps, in order: drop the fence groups a new routing version moved (the elastic controller's
+reconfiguration), shed the reports that cannot change any state when the routing table asks for it
+(fencing.stream.shedding), then process the rest, at most DEVICE_CHUNK devices at a time.
 """
 from __future__ import annotations
 
@@ -11,33 +15,23 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 import orjson
 import pyarrow as pa
 from pyspark import TaskContext
 
 from fencing.model import compact_json, history, keys, notify
-from fencing.stream import worker_gc
+from fencing.stream import rows, worker_gc
 from fencing.stream.fence_cache import process_cache
 from fencing.model.h3util import cell_to_str, cells_for_points
 from fencing.model.heartbeat import PartitionStats
-from fencing.stream.prepare import KIND_DEAD, KIND_PING, KIND_READ, KIND_REPORT
 from fencing.model.node_pipe import NodePipeline
 from fencing.model.redis_conn import cluster
-from fencing.elastic.routing import RoutingTable, device_runs, group_slot
+from fencing.stream.routing import RoutingTable, buckets_of, device_runs, group_slot
+from fencing.stream.shedding import shed_reports
 from fencing.stream.sinks import event_log, public_events
 from fencing.model.transitions import DeviceState, Event, state_before, state_record
 from fencing.stream.batch_core import advance_batch, match_batch
 from fencing.stream.batch_core import matched_sets as _matched_sets  # noqa: F401 - its unit test imports it here
-
-OUT_KIND_EVENT, OUT_KIND_DEAD, OUT_KIND_PING, OUT_KIND_STATS, OUT_KIND_READ = 0, 1, 2, 3, 4
-_SIDE = {KIND_DEAD: OUT_KIND_DEAD, KIND_PING: OUT_KIND_PING, KIND_READ: OUT_KIND_READ}
-# Events go back as their public JSON (payload, what Kafka `fence.events` gets), with their key (fence
-# id) and sort key (ts, event id) beside it: the driver sorts and produces them from Arrow in bounded
-# chunks, never a Python object per event (a million collars entering their paddocks in one batch)
-OUTPUT = pa.schema([("kind", pa.int8()), ("payload", pa.string()), ("key", pa.string()), ("ts", pa.int64()),
-                    ("eid", pa.string())])
-OUTPUT_DDL = "kind tinyint, payload string, key string, ts bigint, eid string"
 
 
 @dataclass(frozen=True)
@@ -51,6 +45,7 @@ class ProcessContext:
     run_id: str = ""            # the streaming query's id: batch ids restart when a checkpoint is cleared
     seen_step_ms: int = 0       # a device's last-seen index entry is rewritten once it is this old (silent.py)
     epoch: int = 0              # the active job's lease epoch: every write is fenced by it (fencing.model.lease)
+    elastic: bool = False       # report the loads the elastic controller plans by (per group and bucket)
 
     @property
     def version(self) -> str:
@@ -72,48 +67,70 @@ class CallCounter:
             self.cross += commands
 
 
-def process_partition(ctx: ProcessContext, batches, partition: int | None = None):
+def process_partition(ctx: ProcessContext, given: rows.StageInput, partition: int | None = None):
     """`partition`: the routed partition these reports belong to (default: this task's; a single-task
     batch, fencing.stream.single_task, runs every partition in one task)."""
     worker_gc.task_started()
     started = time.perf_counter()
     if partition is None:
         partition = TaskContext.get().partitionId() if TaskContext.get() else 0
-    tables = [pa.Table.from_batches([b]) for b in batches if b.num_rows]
-    table = pa.concat_tables(tables) if tables else None
-    side: list[tuple[int, str]] = []
+    side = list(given.side)
+    reports = given.reports
     evs: list[list] = [[], [], [], []]          # public JSON, key, ts, event id
     stats = PartitionStats(partition)
-    if table is not None:
-        is_report = table.column("kind").to_numpy() == KIND_REPORT
-        if not is_report.all():     # the few side rows only: no Python object per report
-            rest = table.filter(pa.array(~is_report))
-            side = [(_SIDE[k], p) for k, p in zip(rest.column("kind").to_pylist(), rest.column("payload").to_pylist())]
-        reports = table.filter(pa.array(is_report))
-        if reports.num_rows:
-            history.write_batch(ctx.history_dir, ctx.version, partition, reports)
-            for part in device_chunks(reports, DEVICE_CHUNK):   # devices are independent of each other
-                with worker_gc.collector_paused():
-                    events, publics, part_stats = _process_reports(ctx, partition, part)
-                evs[0] += [p.decode() for p in publics]
-                evs[1] += [e.fence_id for e in events]
-                evs[2] += [e.ts for e in events]
-                evs[3] += [e.event_id for e in events]
-                part_stats.events = len(events)
-                stats = _merged(stats, part_stats) if stats.points else part_stats
-                del events, part_stats
+    reload_s = _drop_moved_groups(ctx, reports)
+    shed = 0
+    if reports is not None and reports.num_rows and ctx.routing.shed:
+        reports, shed = shed_reports(cluster(ctx.redis_host, ctx.redis_port), ctx.routing, reports, ctx.deleted,
+                                     ctx.version)
+    if reports is not None and reports.num_rows:
+        history.write_batch(ctx.history_dir, ctx.version, partition, reports)
+        for part in device_chunks(reports, DEVICE_CHUNK):   # devices are independent of each other
+            with worker_gc.collector_paused():
+                events, publics, part_stats = _process_reports(ctx, partition, part)
+            evs[0] += [p.decode() for p in publics]
+            evs[1] += [e.fence_id for e in events]
+            evs[2] += [e.ts for e in events]
+            evs[3] += [e.event_id for e in events]
+            part_stats.events = len(events)
+            stats = _merged(stats, part_stats) if stats.points else part_stats
+            del events, part_stats
     stats.seconds = round(time.perf_counter() - started, 4)
     stats.worker_pid = os.getpid()
-    side.append((OUT_KIND_STATS, stats.to_json()))
+    stats.reload_s, stats.shed = round(reload_s, 4), shed
+    side.append((rows.STATS, stats.to_json()))
     n, m = len(evs[0]), len(side)
-    if n:       # the events apart from the few side rows: a wrapper that edits the stats row (the
-        # elastic one) then never turns the events' JSON into Python strings and back
-        yield pa.RecordBatch.from_arrays([pa.array(np.full(n, OUT_KIND_EVENT, np.int8)), pa.array(evs[0], pa.string()),
+    if n:
+        yield pa.RecordBatch.from_arrays([pa.array(np.full(n, rows.EVENT, np.int8)), pa.array(evs[0], pa.string()),
                                           pa.array(evs[1], pa.string()), pa.array(evs[2], pa.int64()),
-                                          pa.array(evs[3], pa.string())], schema=OUTPUT)
+                                          pa.array(evs[3], pa.string())], schema=rows.OUTPUT)
     yield pa.RecordBatch.from_arrays([
         pa.array(np.array([k for k, _ in side], np.int8)), pa.array([p for _, p in side], pa.string()),
-        pa.nulls(m, pa.string()), pa.nulls(m, pa.int64()), pa.nulls(m, pa.string())], schema=OUTPUT)
+        pa.nulls(m, pa.string()), pa.nulls(m, pa.int64()), pa.nulls(m, pa.string())], schema=rows.OUTPUT)
+
+
+_SEEN_ROUTING = {"version": None}     # the last routing version this worker's cache was adjusted to
+
+
+def _drop_moved_groups(ctx: ProcessContext, reports: pa.Table | None) -> float:
+    """Drop exactly the groups the routing version moved from this worker's fence cache (once per
+    version and worker), and reload those this task serves now. Returns the reload's seconds: the
+    task's share of the reconfiguration stall, which the controller reports."""
+    table = ctx.routing
+    if _SEEN_ROUTING["version"] == table.version:
+        return 0.0
+    _SEEN_ROUTING["version"] = table.version
+    if not table.moved:
+        return 0.0
+    cache = process_cache()
+    cache.invalidate(list(table.moved))
+    if reports is None or not reports.num_rows:
+        return 0.0
+    started = time.perf_counter()
+    want = sorted(set(reports.column("grp").unique().to_pylist()) & set(table.moved))
+    if want:
+        cache.refresh(cluster(ctx.redis_host, ctx.redis_port), want)
+    return time.perf_counter() - started
 
 
 # A task works on at most this many devices at a time: its memory is bounded by this, not by how many
@@ -138,10 +155,18 @@ def _merged(a: PartitionStats, b: PartitionStats) -> PartitionStats:
     groups.update(b.groups)
     stage = Counter(a.stage_s)
     stage.update(b.stage_s)
+    route_groups = Counter(a.route_groups)
+    route_groups.update(b.route_groups)
+    children = {g: dict(c) for g, c in a.children.items()}
+    for g, per_bucket in b.children.items():
+        into = children.setdefault(g, {})
+        for bucket, k in per_bucket.items():
+            into[bucket] = into.get(bucket, 0) + k
     return PartitionStats(a.partition, points=a.points + b.points, devices=a.devices + b.devices,
                           events=a.events + b.events, redis_local=a.redis_local + b.redis_local,
                           redis_cross=a.redis_cross + b.redis_cross, fences_cached=b.fences_cached,
-                          groups=dict(groups), stage_s={k: round(v, 4) for k, v in stage.items()})
+                          groups=dict(groups), stage_s={k: round(v, 4) for k, v in stage.items()},
+                          route_groups=dict(route_groups), children=children)
 
 
 def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
@@ -195,7 +220,21 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     stats = PartitionStats(partition, points=len(frame), devices=len(devices.dkeys), groups=dict(group_points),
                            redis_local=counter.local, redis_cross=counter.cross, fences_cached=len(cache),
                            stage_s=clock.laps)
+    if ctx.elastic:
+        stats.children, stats.route_groups = routed_loads(devices.dkeys, devices.homes, ends - bounds)
     return events, publics, stats
+
+
+def routed_loads(dkeys: list[str], homes: list[str], counts: np.ndarray
+                 ) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
+    """Points per (group, device bucket) and per group, attributed as the router routes: all of a
+    device's reports count for its home group (the group of its last report). The controller splits
+    and moves by these."""
+    children: dict[str, dict[str, int]] = {}
+    for home, bucket, k in zip(homes, buckets_of(dkeys), counts.tolist()):
+        per_group = children.setdefault(home, {})
+        per_group[bucket] = per_group.get(bucket, 0) + k
+    return children, {group: sum(per.values()) for group, per in children.items()}
 
 
 class _Stopwatch:

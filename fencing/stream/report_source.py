@@ -36,8 +36,8 @@ class RoutedReportsReader(KafkaStreamReader):
                 "single_task_records": self.single_task_records}
 
     def partitions(self, start: dict, end: dict) -> list:
-        """A task per Kafka partition, or one task for all of them when the batch is small
-        (fencing.stream.single_task: the driver applies the same rule to the same offsets)."""
+        """A task per Kafka partition, or one task for all of them when the batch is small: the one
+        place that decides (fencing.stream.single_task; the driver asks the planned batch)."""
         from fencing.stream.single_task import is_single_task
         ranges = super().partitions(start, end)
         if len(ranges) > 1 and is_single_task(start, end, self.single_task_records):
@@ -45,7 +45,7 @@ class RoutedReportsReader(KafkaStreamReader):
         return ranges
 
     def read(self, partition: KafkaRange | KafkaRanges) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
-        from fencing.elastic import routing
+        from fencing.stream import routing
         from fencing.model.redis_conn import cluster
         from fencing.stream import worker_gc
         from fencing.stream.prepare import PrepareContext, prepare_partition
@@ -64,7 +64,7 @@ class RoutedReportsSource(KafkaDataSource):
         return "herdreports"
 
     def schema(self) -> str:
-        from fencing.stream.prepare import SHUFFLED_DDL
+        from fencing.stream.rows import SHUFFLED_DDL
         return SHUFFLED_DDL
 
     def streamReader(self, schema) -> RoutedReportsReader:  # noqa: ANN001 - StructType

@@ -49,7 +49,7 @@ def _no_output(batches):  # noqa: ANN001, ANN202 - Arrow record batches in and o
 
 def warm_batch_path(spark, partitions: int) -> None:  # noqa: ANN001 - SparkSession
     """The micro-batch's operators (fencing.stream.job): repartition by route, mapInArrow, toArrow."""
-    from fencing.stream.process import OUTPUT_DDL
+    from fencing.stream.rows import OUTPUT_DDL
     rows = spark.range(0, 4 * partitions, 1, 2).selectExpr("cast(1 as tinyint) as kind", "id as route",
                                                           "cast('' as binary) as payload")
     rows.repartition(partitions, "route").mapInArrow(_no_output, OUTPUT_DDL).toArrow()

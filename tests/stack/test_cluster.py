@@ -213,7 +213,7 @@ def test_redis_cluster_of_any_size_passes_validation(tmp_path, masters):
         redis_cluster.up(settings)
         found = validate.check_redis_cluster(f"127.0.0.1:{port}")
         assert len(found["masters"]) == masters and found["slots_covered"] == 16384
-        from fencing.elastic import routing
+        from fencing.stream import routing
         table = routing.load(redis_cluster.connect(settings))
         assert len(table.nodes) == masters
     finally:

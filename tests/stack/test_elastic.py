@@ -5,10 +5,13 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from fencing.elastic import controller as elastic, routing, slots
+from fencing.elastic import controller as elastic, slots
+from fencing.stream import routing
 from fencing.model import keys
 from fencing.model.heartbeat import Heartbeat, PartitionStats
-from fencing.elastic.controller import ElasticConfig, plan
+from fencing.elastic.controller import ElasticConfig
+from fencing.elastic.planners import plan
+from fencing.stream.shedding import shed_reports
 
 
 def _table(partitions: int = 6, **kw) -> routing.RoutingTable:
@@ -164,7 +167,7 @@ def test_shedding_never_drops_a_report_that_could_produce_an_event(stack):
         # (1) the predicate, on the rest as one batch (many reports per device), against the real state
         table = routing.load(redis)
         prepared = _prepared(rest, device_farm)
-        kept, n_shed = elastic.shed_reports(redis, table, prepared, frozenset())
+        kept, n_shed = shed_reports(redis, table, prepared, frozenset())
         idle_rest = int(rest["device_id"].str.startswith(prefix + "idle-").sum())
         assert n_shed >= 0.8 * idle_rest, (n_shed, idle_rest)
         kept_keys = set(zip(kept.column("device_id").to_pylist(), kept.column("ts").to_pylist()))
@@ -249,6 +252,6 @@ def test_a_replayed_batch_sheds_from_the_state_before_it(stack):
     record = orjson.loads(stack.redis.hget(model_keys.group_state(grp), dkey))   # written by that batch
     assert record["s"] and record["b"].count(":") == 1, record
     table = routing.load(stack.redis)
-    _, shed_on_replay = elastic.shed_reports(stack.redis, table, prepared, frozenset(), record["b"])
-    _, shed_later = elastic.shed_reports(stack.redis, table, prepared, frozenset(), record["b"] + "0")
+    _, shed_on_replay = shed_reports(stack.redis, table, prepared, frozenset(), record["b"])
+    _, shed_later = shed_reports(stack.redis, table, prepared, frozenset(), record["b"] + "0")
     assert (shed_on_replay, shed_later) == (0, 1)

@@ -1,6 +1,7 @@
 """Stage 1 of a micro-batch (fencing.stream.prepare) on the test stack's Redis Cluster: farms from the device
 registry, dead letters with their reasons, one shuffled row per routed partition carrying its reports
-(arrival order) as an Arrow IPC stream, and `unpack` back to one row per report with its cell group."""
+(arrival order) as an Arrow IPC stream, and `unpack` back to the reports with their cell group and the
+side rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,10 +9,10 @@ import orjson
 import pyarrow as pa
 
 from fencing.model import keys
-from fencing.elastic import routing
+from fencing.stream import routing
 from fencing.model.h3util import cells_to_strs, parent
-from fencing.stream.prepare import FARM_REASONS, KIND_DEAD, KIND_READ, KIND_REPORT, REPORTS, SHUFFLED, \
-    PrepareContext, prepare_partition, unpack
+from fencing.stream.prepare import FARM_REASONS, PrepareContext, prepare_partition
+from fencing.stream.rows import DEAD, READ, REPORT, SHUFFLED, unpack
 from ingest.kafka_read import _batch
 from ingest.kafka_source import KafkaRange
 
@@ -49,7 +50,7 @@ def test_devices_packed_in_arrival_order_and_unpacked(stack):
     out = _prepare(stack, arrivals)
 
     kinds = out.column("kind").to_numpy()
-    routed = out.filter(pa.array(kinds == KIND_REPORT))
+    routed = out.filter(pa.array(kinds == REPORT))
     salts = list(routing.partition_salts(routing.load(stack.redis).partitions))
     assert set(routed.column("route").to_pylist()) <= set(salts)
     assert len(set(routed.column("route").to_pylist())) == routed.num_rows      # one row per partition
@@ -69,33 +70,32 @@ def test_devices_packed_in_arrival_order_and_unpacked(stack):
                      ("farm-tp3", "tp-c"): [NOW - 600]}
     a = [r for reports in packed.values() for r in reports if r["device_id"] == "tp-a"]
     assert [r["lon"] for r in a] == [8.01, 8.02, 8.03] and all(r["cell"] for r in a)
-    dead = [orjson.loads(p) for p in out.filter(pa.array(kinds == KIND_DEAD)).column("payload").to_pylist()]
+    dead = [orjson.loads(p) for p in out.filter(pa.array(kinds == DEAD)).column("payload").to_pylist()]
     assert sorted((d["reason"], d["offset"]) for d in dead) == sorted([(FARM_REASONS[1], 503), (FARM_REASONS[2], 509)])
-    assert (kinds == KIND_READ).sum() == 1
+    assert (kinds == READ).sum() == 1
 
-    flat = pa.Table.from_batches(list(unpack(iter(out.to_batches()))), schema=REPORTS)
-    reports = flat.filter(pa.array(flat.column("kind").to_numpy() == KIND_REPORT))
+    given = unpack(iter(out.to_batches()))
+    reports = given.reports
     assert reports.num_rows == 8
     rows = reports.to_pylist()
     assert [r["ts"] for r in rows if r["device_id"] == "tp-a"] == [NOW - 1_000, NOW - 3_000, NOW - 500]
     cells = reports.column("cell").to_numpy().view(np.uint64)
     assert reports.column("grp").to_pylist() == cells_to_strs(parent(cells, keys.GROUP_RES))
-    side = flat.filter(pa.array(flat.column("kind").to_numpy() != KIND_REPORT))
-    assert side.num_rows == 3 and side.column("grp").null_count == 3 and side.column("ts").null_count == 3
+    assert sorted(kind for kind, _ in given.side) == [DEAD, DEAD, READ]
+    assert sorted(orjson.loads(p)["offset"] for kind, p in given.side if kind == DEAD) == [503, 509]
 
 
 def test_a_partition_s_reports_span_several_blobs_in_arrival_order(stack, monkeypatch):
-    import fencing.stream.prepare as prepare
-    monkeypatch.setattr(prepare, "BLOB_ROWS", 2)
+    from fencing.stream import rows
+    monkeypatch.setattr(rows, "BLOB_ROWS", 2)
     stack.redis.hset(keys.DEVICE_REGISTRY, mapping={"tb-a": "farm-tb1", "tb-b": "farm-tb1"})
     arrivals = [_report("tb-a", NOW - 1_000 + i * (-1) ** i, 8.01 + i / 1000) for i in range(5)] + \
                [_report("tb-b", NOW - 900, 8.2), _report("tb-a", NOW, 8.05)]
     out = _prepare(stack, arrivals)
-    routed = out.filter(pa.array(out.column("kind").to_numpy() == KIND_REPORT))
+    routed = out.filter(pa.array(out.column("kind").to_numpy() == REPORT))
     sizes = [pa.ipc.open_stream(p.as_buffer()).read_all().num_rows for p in routed.column("payload")]
     assert max(sizes) <= 2 and sum(sizes) == 7 and routed.num_rows >= 4
 
-    flat = pa.Table.from_batches(list(unpack(iter(out.to_batches()))), schema=REPORTS)
-    reports = flat.filter(pa.array(flat.column("kind").to_numpy() == KIND_REPORT)).to_pylist()
+    reports = unpack(iter(out.to_batches())).reports.to_pylist()
     assert [r["ts"] for r in reports if r["device_id"] == "tb-a"] == \
         [a["ts"] for a in arrivals if a["device_id"] == "tb-a"]

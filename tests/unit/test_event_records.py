@@ -2,13 +2,13 @@
 each as its fence id and its public JSON, exactly as the tasks made it."""
 import pyarrow as pa
 
-from fencing.stream.process import OUT_KIND_EVENT, OUTPUT
+from fencing.stream.rows import EVENT, OUTPUT
 from fencing.stream.sinks import event_records
 
 
 def _events(rows: list[tuple[int, str, str]]) -> pa.Table:
     return pa.Table.from_batches([pa.RecordBatch.from_arrays([
-        pa.array([OUT_KIND_EVENT] * len(rows), pa.int8()),
+        pa.array([EVENT] * len(rows), pa.int8()),
         pa.array([f'{{"event_id":"{e}","ts":{t}}}' for t, e, _ in rows], pa.string()),
         pa.array([k for _, _, k in rows], pa.string()),
         pa.array([t for t, _, _ in rows], pa.int64()),

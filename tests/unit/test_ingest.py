@@ -497,7 +497,7 @@ def test_concurrent_requests_each_wait_for_their_own_records(broker):
 
 def test_partition_salts_match_spark_hash_partitioner(spark):
     """The readers route with salts computed in Python: each must land on its partition in Spark."""
-    from fencing.elastic.routing import partition_salts, spark_hash_long
+    from fencing.stream.routing import partition_salts, spark_hash_long
     values = [0, 1, -1, 7, 2**31, -2**31 - 5, 2**62 + 12345, -2**63]
     row = spark.createDataFrame([(v,) for v in values], "v long").selectExpr("collect_list(hash(v)) as h").first()
     assert [spark_hash_long(v) for v in values] == row.h
