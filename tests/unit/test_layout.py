@@ -52,8 +52,20 @@ def _violations(source_prefixes: tuple[str, ...], target_prefixes: tuple[str, ..
 
 
 def test_api_and_ingest_never_import_the_job_or_the_controller():
-    assert "fencing.model.keys" in EDGES["api.auth"] and "fencing.stream.process" in EDGES["fencing.elastic.controller"]
+    assert "fencing.model.keys" in EDGES["api.auth"] and "fencing.stream.routing" in EDGES["fencing.elastic.controller"]
     assert _violations(("api", "ingest"), ("fencing.stream", "fencing.elastic")) == []
+
+
+TASK_SIDE = ("fencing.stream.prepare", "fencing.stream.process", "fencing.stream.shedding", "fencing.stream.rows",
+             "fencing.stream.batch_core", "fencing.stream.routing")
+
+
+def test_the_tasks_code_never_imports_the_controller_and_the_controller_never_the_tasks():
+    """One side per module: what runs in the Spark tasks knows nothing of the elastic controller (it
+    reads the routing table the controller publishes), and the controller runs none of the tasks' code."""
+    assert "fencing.stream.routing" in EDGES["fencing.stream.prepare"]
+    assert _violations(TASK_SIDE, ("fencing.elastic",)) == []
+    assert _violations(("fencing.elastic",), tuple(m for m in TASK_SIDE if m != "fencing.stream.routing")) == []
 
 
 def test_the_core_never_imports_launchers_or_load_generators():
