@@ -1,4 +1,4 @@
-"""`herdfence bench push | pull | ingest | fences | report` (see ../shared/CONTRACT.md, "Benchmarks").
+"""`herdfence bench push | pull | ingest | fences | ab | report` (see ../shared/CONTRACT.md, "Benchmarks").
 
 push: N fences (bulk-loaded), D devices, M simulated points streamed into gps.reports as fast as
   possible through the real job; sustained points/s end to end (first report produced → the job's
@@ -78,14 +78,17 @@ TRACKS = {"dense": {}, "sparse": {"report_interval_s": 600.0, "interval_jitter":
 
 def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, fences_per_farm: int = 12,
          progress: bool = True, plot: bool = True, command: str = "", keep_stack: bool = False,
-         rate: float | None = None, tracks: str = "dense", ports: dict[str, str] | None = None) -> dict:
+         rate: float | None = None, tracks: str = "dense", ports: dict[str, str] | None = None,
+         drain: bool = True) -> dict:
     """`rate`: reports/s offered to Kafka (None: as fast as the producer can). Flooded, points/s is the
-    job's drain rate and the latency is mostly queueing behind the backlog; paced below the drain rate,
-    the latency is the job's own (report sent → event visible)."""
+    end-to-end rate with the producer on the same cores, and the latency is mostly queueing behind the
+    backlog; paced below it, the latency is the job's own (report sent → event visible). `drain`: a
+    flood on a private stack is followed by the backlog drain (loadgen.bench_drain)."""
     from loadgen import plots
     from loadgen.bench_cpu import CpuSampler
-    from loadgen.bench_load import batch_summary, handled, load_simulation, read_events, stream_and_wait, \
-        wait_until_warm
+    from loadgen import bench_drain
+    from loadgen.bench_load import batch_summary, handled, load_simulation, read_events, register_devices, \
+        stream_and_wait, wait_until_warm
     from loadgen.herd import SimConfig, simulate
     from loadgen.reference import expected_events
     from loadgen.truth import reconcile
@@ -142,6 +145,13 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         observed = read_events(redis, sorted(set(loaded.farm_of.values())))
         mem["redis"] = bench_memory.redis_summary(redis, redis_bytes, devices, loaded)
         stack_info = stack.describe()
+        if drain and rate is None:
+            drained = bench_drain.drain(stack, sim.reports, "d" + loaded.device_prefix,
+                                        lambda prefix: register_devices(redis, sim, loaded.farm_of, prefix),
+                                        progress=progress)
+            say(f"drain: {drained}")
+        else:
+            drained = {"skipped": "paced run" if rate is not None else "--no-drain"}
 
     seconds = (t_done - t_first) if t_done else None
     processed = (handled(sampler.beats[-1]) - base) if sampler.beats else 0
@@ -176,6 +186,8 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
     out = {
         "fences": fences, "points": points, "devices": devices,
         "points_per_s": round(pps, 1),
+        # the same reports as a backlog processed with no producer running (loadgen.bench_drain)
+        "drain": drained,
         "offered_rate": rate,           # reports/s the producer was paced at (None: flooded)
         "event_latency_ms": {"p50": round(float(np.percentile(lat_ms, 50)), 1) if len(lat_ms) else None,
                              "p99": round(float(np.percentile(lat_ms, 99)), 1) if len(lat_ms) else None},
@@ -345,6 +357,8 @@ def main(argv: list[str]) -> int:
                     help="pace the producer at R reports/s (default: as fast as it can, a flood)")
     ps.add_argument("--tracks", choices=sorted(TRACKS), default="dense",
                     help="dense: a fix every ~30 s; sparse: every 5-15 min, 5%% uploaded late")
+    ps.add_argument("--no-drain", action="store_true",
+                    help="skip the backlog drain that follows a flood on a private stack")
     pl = sub.add_parser("pull", help="pull benchmark (API queries)")
     pl.add_argument("--fences", type=int, required=True)
     pl.add_argument("--devices", type=int, required=True)
@@ -372,11 +386,16 @@ def main(argv: list[str]) -> int:
     fo.add_argument("--json", metavar="FILE")
     fo.add_argument("--seed", type=int, default=0)
     fo.add_argument("--no-plot", action="store_true")
+    sub.add_parser("ab", help="this checkout against another commit's, interleaved, medians (loadgen/bench_ab.py)",
+                   add_help=False)
     rp = sub.add_parser("report", help="write docs/benchmarks.md from the JSON results under docs/")
     rp.add_argument("--docs", default=str(DOCS))
     if argv and argv[0] == "devices":
         from loadgen import bench_devices
         return bench_devices.main(argv[1:])
+    if argv and argv[0] == "ab":
+        from loadgen import bench_ab
+        return bench_ab.main(argv[1:])
     if argv and argv[0] == "fences":
         from loadgen import bench_fences
         return bench_fences.main(argv[1:])
@@ -395,7 +414,7 @@ def main(argv: list[str]) -> int:
     if args.what == "push":
         out = push(args.fences, args.points, args.devices, args.json, seed=args.seed,
                    fences_per_farm=args.fences_per_farm, plot=not args.no_plot, command=cmd,
-                   keep_stack=args.keep_stack, rate=args.rate, tracks=args.tracks)
+                   keep_stack=args.keep_stack, rate=args.rate, tracks=args.tracks, drain=not args.no_drain)
     elif args.what == "failover":
         from loadgen.bench_failover import failover
         out = failover(args.rate, args.devices, args.fences, args.json, steady_s=args.steady_seconds,

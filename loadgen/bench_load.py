@@ -42,7 +42,7 @@ class Loaded:
 def load_simulation(redis, sim: Simulation, progress: bool = True, warm_devices=None) -> Loaded:
     """`warm_devices`: the simulated devices whose warm-up twins (`Loaded.warmup_prefix`) are
     registered too (None: all of them)."""
-    from api.tenancy import create_farm, register_devices_bulk
+    from api.tenancy import create_farm
     from fencing.model.fence_store import save_fences_bulk, validate_features_bulk
 
     tag = secrets.token_hex(3)
@@ -80,15 +80,21 @@ def load_simulation(redis, sim: Simulation, progress: bool = True, warm_devices=
     t3 = time.perf_counter()
 
     prefix = f"b{tag}-"
-    warm = sim.device_ids.tolist() if warm_devices is None else list(warm_devices)
-    for p, ids in ((prefix, sim.device_ids.tolist()), ("w" + prefix, warm)):
-        for start in range(0, len(ids), 100_000):      # a bounded list of triples at a time
-            register_devices_bulk(redis, [(farm_of[sim.device_farm[d]], p + d, sim.device_herd[d][-40:])
-                                          for d in ids[start:start + 100_000]])
+    register_devices(redis, sim, farm_of, prefix)
+    register_devices(redis, sim, farm_of, "w" + prefix, warm_devices)
     t4 = time.perf_counter()
     return Loaded(tag, farm_of, farm_keys, fence_real, fence_sim, prefix,
                   {"farms_s": round(t1 - t0, 3), "fence_validate_s": round(t2 - t1, 3),
                    "fence_save_s": round(t3 - t2, 3), "devices_s": round(t4 - t3, 3)})
+
+
+def register_devices(redis, sim: Simulation, farm_of: dict[str, str], prefix: str, ids=None) -> None:
+    """Register the simulated devices (`ids`, default all) in their farms as `prefix` + simulator id."""
+    from api.tenancy import register_devices_bulk
+    ids = sim.device_ids.tolist() if ids is None else list(ids)
+    for start in range(0, len(ids), 100_000):      # a bounded list of triples at a time
+        register_devices_bulk(redis, [(farm_of[sim.device_farm[d]], prefix + d, sim.device_herd[d][-40:])
+                                      for d in ids[start:start + 100_000]])
 
 
 # --- heartbeat ----------------------------------------------------------------------------------

@@ -155,15 +155,19 @@ def _push(pushes: list[tuple[Path, dict]]) -> list[str]:
              "",
              "`tracks`: dense (a fix every 30 s) or sparse (a fix every 5–15 min, 5% uploaded late; "
              "`--tracks sparse`).", "",
-             "| fences | devices | points | tracks | offered | points/s | vectorized limit | ratio | event p50 (ms) | "
-             "event p99 (ms) | events | lost | duplicated | batches | run |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "`drain`: after a flood on a private stack, the same reports are produced again while no job "
+             "runs, then the job is started and processes them with no producer on the cores "
+             "(loadgen/bench_drain.py; timed from its first batch, after its own start).", "",
+             "| fences | devices | points | tracks | offered | points/s | drain points/s | vectorized limit | ratio | "
+             "event p50 (ms) | event p99 (ms) | events | lost | duplicated | batches | run |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for p, r in pushes:
         lat = r.get("event_latency_ms") or {}
         offered = f"{_fmt(float(r['offered_rate']))}/s" if r.get("offered_rate") else "flood"
         lines.append("| " + " | ".join(_fmt(x) for x in (
             r.get("fences"), r.get("devices"), r.get("points"), r.get("tracks") or "dense", offered,
-            r.get("points_per_s"), r.get("vectorized_limit_points_per_s"))) + f" | {_fmt(r.get('ratio_to_limit'), 3)} | "
+            r.get("points_per_s"), (r.get("drain") or {}).get("points_per_s"),
+            r.get("vectorized_limit_points_per_s"))) + f" | {_fmt(r.get('ratio_to_limit'), 3)} | "
             + " | ".join(_fmt(x) for x in (lat.get("p50"), lat.get("p99"), r.get("events"), r.get("lost"),
                                             r.get("duplicated"), r.get("batches")))
             + f" | {_date(p, r)} |")
@@ -331,6 +335,34 @@ def _soak(runs: list[tuple[Path, dict]]) -> list[str]:
     return lines
 
 
+def _ab(runs: list[tuple[Path, dict]]) -> list[str]:
+    """A/B runs (loadgen/bench_ab.py): both commits' runs side by side, interleaved, and their medians."""
+    if not runs:
+        return []
+    lines = ["## A/B: this code against an earlier commit, in one sitting", "",
+             "Absolute figures move 2–3x between days on this machine; a ratio measured in one sitting holds. "
+             "Both commits run the same command, interleaved, and the medians are compared "
+             "(`herdfence bench ab`).", ""]
+    for p, r in runs:
+        commits = r.get("commits") or {}
+        lines += [f"### {commits.get('main')} against {commits.get('base')}, {r.get('date')}", "",
+                  f"`{r.get('command')}`, then `herdfence bench ab --collect` ({p.name}).", "",
+                  "| commit | round | points/s | producer (s) | drain points/s | lost | duplicated |",
+                  "|---|---|---|---|---|---|---|"]
+        for side in ("main", "base"):
+            for run in sorted((r.get("runs") or {}).get(side, []), key=lambda x: x["round"]):
+                lines.append(f"| {commits.get(side)} | {run['round']} | {_fmt(run.get('points_per_s'))} | "
+                             f"{_fmt(run.get('producer_s'), 2)} | {_fmt(run.get('drain_points_per_s'))} | "
+                             f"{run.get('lost')} | {run.get('duplicated')} |")
+        medians = r.get("medians") or {}
+        for side in ("main", "base"):
+            m = medians.get(side) or {}
+            lines.append(f"| {commits.get(side)} | median | {_fmt(m.get('points_per_s'))} | "
+                         f"{_fmt(m.get('producer_s'), 2)} | {_fmt(m.get('drain_points_per_s'))} | | |")
+        lines += ["", f"Ratio of the medians, points/s: **{_fmt(r.get('ratio'), 2)}**.", ""]
+    return lines
+
+
 def write_report(docs: Path) -> Path:
     pushes, pulls = _load(docs, "push"), _load(docs, "pull")
     lines = ["# herdfence benchmarks", "",
@@ -339,6 +371,7 @@ def write_report(docs: Path) -> Path:
              "Everything of a run (broker, Redis Cluster, Spark job, API, load generator) shares that one "
              "machine.", ""]
     lines += _summary(pushes, pulls)
+    lines += _ab(_load_one(docs, "ab-*.json"))
     lines += _push(pushes)
     lines += _pull(pulls)
     lines += _failover(_load_one(docs, "bench-failover*.json"))
@@ -349,7 +382,10 @@ def write_report(docs: Path) -> Path:
     lines += ["## Reproduce", "",
               "On a running stack (`herdfence up --detach`) the benches use it; otherwise they start a private "
               "stack in a temporary HERDFENCE_HOME and stop it after. Write the result into `docs/` with "
-              "`--json docs/<name>.json`, then `herdfence bench report` rewrites this file.", ""]
+              "`--json docs/<name>.json`, then `herdfence bench report` rewrites this file. To compare with an "
+              "earlier commit in one sitting: `git worktree add ../base <commit> && make -C ../base venv`, then "
+              "`herdfence bench ab --base ../base --rounds 3 --json docs/ab-<commit>.json -- <bench push "
+              "arguments>`.", ""]
     out = docs / "benchmarks.md"
     out.write_text("\n".join(lines))
     return out
