@@ -4,8 +4,9 @@ processed by the job with no producer on the cores (what FenceX publishes as its
 On the bench's private stack: the supervisor and the job processes are stopped, the backlog (the run's
 reports under device ids of their own, registered first) is produced to `gps.reports`, and `herdfence up`
 starts the job again. The drain is timed from the start of the first micro-batch that processes the
-backlog to the heartbeat that has counted all of it; the job's own start (JVM, Python workers loading
-the fences) comes before that and is reported apart.
+backlog to the heartbeat that has counted all of it. The job's own start (its JVM, the query) comes
+before that and is reported apart (`job_start_s`); its first batch starts the Python workers, which
+load the fences, as after any outage.
 """
 from __future__ import annotations
 

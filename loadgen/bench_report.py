@@ -157,7 +157,8 @@ def _push(pushes: list[tuple[Path, dict]]) -> list[str]:
              "`--tracks sparse`).", "",
              "`drain`: after a flood on a private stack, the same reports are produced again while no job "
              "runs, then the job is started and processes them with no producer on the cores "
-             "(loadgen/bench_drain.py; timed from its first batch, after its own start).", "",
+             "(loadgen/bench_drain.py; timed from its first batch, which starts the Python workers and loads the "
+             "fences, as after an outage).", "",
              "| fences | devices | points | tracks | offered | points/s | drain points/s | vectorized limit | ratio | "
              "event p50 (ms) | event p99 (ms) | events | lost | duplicated | batches | run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
