@@ -194,7 +194,7 @@ def wait_ready(settings: Settings, timeout: float = READY_TIMEOUT_S,
 
 
 # --- up / down / status --------------------------------------------------------------------------
-def _preflight(settings: Settings, spark_workers: int = 0) -> None:
+def _preflight(settings: Settings, spark_workers: int = 0, redis_replicas: int = 0) -> None:
     """Validate the configuration before anything starts (clear errors, no half-started stack)."""
     found = validate.check(settings, spark_workers)
     for what, value in found.items():
@@ -202,6 +202,27 @@ def _preflight(settings: Settings, spark_workers: int = 0) -> None:
     spark_cluster.check_java()          # the job is a Spark driver
     if settings.redis is None and shutil.which("redis-server") is None:
         raise DeployError("redis-server is required: run make setup")
+    for port, env_hint in _ports_to_take(settings, redis_replicas):
+        procs.ensure_port_free(port, env_hint)
+
+
+def _ports_to_take(settings: Settings, redis_replicas: int = 0) -> list[tuple[int, str]]:
+    """The ports the embedded components that are not running yet will listen on: all checked before
+    any starts, so a taken one stops `up` before it has started anything."""
+    ports: list[tuple[int, str]] = []
+    if settings.kafka is None:
+        if procs.alive_record(settings, broker.NAME) is None:
+            ports.append((settings.embedded_kafka_port, "HERDFENCE_EMBEDDED_KAFKA_PORT"))
+        if settings.broker_durable and procs.alive_record(settings, broker.STORE) is None:
+            ports.append((broker.store_port(settings), "HERDFENCE_EMBEDDED_KAFKA_PORT"))
+    if settings.redis is None:
+        for node in redis_cluster.nodes(settings, redis_replicas):
+            if procs.alive_record(settings, node.name) is None:
+                ports += [(node.port, "HERDFENCE_EMBEDDED_REDIS_PORT"),
+                          (node.port + redis_cluster.BUS_OFFSET, "HERDFENCE_EMBEDDED_REDIS_PORT")]
+    if procs.alive_record(settings, API) is None:
+        ports.append((settings.api_port, "HERDFENCE_API_PORT"))
+    return ports
 
 
 def _start_unless_alive(settings: Settings, spec: procs.ProcSpec) -> procs.ProcRecord:
@@ -215,7 +236,7 @@ def _start_unless_alive(settings: Settings, spec: procs.ProcSpec) -> procs.ProcR
 def start_components(settings: Settings, spark_workers: int = 0, redis_replicas: int = 0,
                      supervise: bool = False) -> None:
     """Start every component that is not running (no readiness wait beyond ports)."""
-    _preflight(settings, spark_workers)
+    _preflight(settings, spark_workers, redis_replicas)
     fresh_broker = broker.up(settings)
     redis_cluster.up(settings, redis_replicas)
     # Keep a standalone cluster that an earlier `up --spark-workers N` started.

@@ -102,6 +102,24 @@ def test_port_in_use_is_a_clear_error(tmp_path):
             broker.up(settings)
 
 
+def test_a_taken_port_stops_up_before_anything_starts(tmp_path):
+    """A taken Redis cluster-bus port is found before the broker starts: `up` leaves nothing running."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HERDFENCE_")}
+    env.update(HERDFENCE_HOME=str(tmp_path), HERDFENCE_EMBEDDED_KAFKA_PORT="15192",
+               HERDFENCE_EMBEDDED_REDIS_PORT="15201", HERDFENCE_API_PORT="15900", HERDFENCE_OWNER_PID=str(os.getpid()))
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 15201 + redis_cluster.BUS_OFFSET + 1))     # the second master's bus port
+        s.listen()
+        done = subprocess.run([HERDFENCE, "up", "--detach"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert f"port {15202 + redis_cluster.BUS_OFFSET} is in use by another process" in done.stderr, done.stderr
+    settings = load_settings(env)
+    assert [name for name in ("broker", "broker_store", "redis_15201", "api", "job")
+            if procs.read_record(settings, name) is not None] == []
+    assert not procs.port_open(15192)
+
+
 def test_never_uses_port_6379(tmp_path):
     settings = load_settings({"HERDFENCE_HOME": str(tmp_path), "HERDFENCE_EMBEDDED_REDIS_PORT": "6378"})
     with pytest.raises(procs.DeployError, match="6379"):
