@@ -146,7 +146,7 @@ def _index_html() -> str:
     "silent" on the map as in the events)."""
     from fencing.config import TUNING
     page = (UI_DIR / "index.html").read_text()
-    setting = f'<meta name="herdfence-silent-seconds" content="{TUNING.silent_after_s:g}">'
+    setting = f'<meta name="herdfence-silent-seconds" content="{TUNING.silent_seconds:g}">'
     return page.replace("<meta charset=\"utf-8\">", "<meta charset=\"utf-8\">\n  " + setting, 1)
 
 

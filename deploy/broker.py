@@ -71,7 +71,7 @@ def store_spec(settings: Settings) -> procs.ProcSpec:
         name=STORE, argv=[sys.executable, "-m", "deploy.objectstore", "--root", str(data_dir(settings)),
                           "--port", str(port),
                           # consumed gps.reports objects go after a while (deploy/broker_retention.py)
-                          "--checkpoint", str(settings.checkpoint_dir), "--keep-seconds", str(TUNING.broker_keep_s)],
+                          "--checkpoint", str(settings.checkpoint_dir), "--keep-seconds", str(TUNING.broker_keep_seconds)],
         markers=["deploy.objectstore", f"--port {port}"], port=port,
         port_env="HERDFENCE_EMBEDDED_KAFKA_PORT", cwd=str(Path(__file__).resolve().parents[1]))
 

@@ -1,5 +1,5 @@
 """Configuration from HERDFENCE_* environment variables, shared by every part: `Settings` (where
-things are) and `Tuning` (the job's and the API's knobs), built from the typed model in
+things are) and `TUNING` (the job's and the API's knobs), both from the typed model in
 fencing/settings_model.py, which checks every variable (docs/configuration.md lists them).
 
 Unset variables mean "the embedded stack": Tansu on 127.0.0.1:9092, a 3-master Redis Cluster on
@@ -41,53 +41,11 @@ def flag(env: Mapping[str, str], var: str, default: bool) -> bool:
         raise ConfigError([f"{var}={env[var]!r} is not valid: {FLAG_ACCEPTS}"]) from None
 
 
-@dataclass(frozen=True)
-class Tuning:
-    """The job's and the API's knobs (docs/configuration.md), read once per process from the
-    environment and validated there: a malformed value stops the process at start with a clear error."""
-    trigger: str = "250 milliseconds"            # HERDFENCE_TRIGGER
-    max_offsets_per_trigger: int = 1_000_000     # HERDFENCE_MAX_OFFSETS_PER_TRIGGER
-    elastic: bool = True                         # HERDFENCE_ELASTIC
-    migrate_slots: bool = True                   # HERDFENCE_MIGRATE_SLOTS
-    fence_preload: bool = True                   # HERDFENCE_FENCE_PRELOAD
-    keep_warm_s: float = 20.0                    # HERDFENCE_KEEP_WARM_SECONDS (0: off)
-    silent_after_s: float = 3600.0               # HERDFENCE_SILENT_SECONDS
-    silent_scan_s: float = 30.0                  # HERDFENCE_SILENT_SCAN_SECONDS
-    retention_days: float = 30.0                 # HERDFENCE_EVENT_RETENTION_DAYS (0: keep all)
-    trim_every_s: float = 600.0                  # HERDFENCE_EVENT_TRIM_SECONDS
-    jvm_options: str = "-XX:TieredStopAtLevel=1"  # HERDFENCE_JVM_OPTIONS ("" = the JVM's default)
-    driver_host: str = "127.0.0.1"               # HERDFENCE_DRIVER_HOST
-    driver_bind: str = ""                        # HERDFENCE_DRIVER_BIND ("" = driver_host)
-    driver_memory: str = "2g"                    # HERDFENCE_DRIVER_MEMORY
-    scale_watch: bool = True                     # HERDFENCE_SCALE_WATCH
-    rate_device: float = 50.0                    # HERDFENCE_RATE_DEVICE (requests/s, burst 2x)
-    rate_farm_reports: float = 2000.0            # HERDFENCE_RATE_FARM_REPORTS
-    rate_farm: float = 50_000.0                  # HERDFENCE_RATE_FARM
-    api_workers: int = 2                         # HERDFENCE_API_WORKERS
-    objectstore_fsync: bool = False              # HERDFENCE_OBJECTSTORE_FSYNC
-    broker_keep_s: float = 30.0                  # HERDFENCE_BROKER_KEEP_SECONDS: consumed gps.reports kept this long
-    owner_pid: int = 0                           # HERDFENCE_OWNER_PID: the stack stops when this process is gone
-    job_standby: bool = True                     # HERDFENCE_JOB_STANDBY: a hot standby job beside the active one
-    skip_lost_offsets: bool = False              # HERDFENCE_SKIP_LOST_OFFSETS: the job's source skips lost offsets
-    lease_ms: int = 600                          # HERDFENCE_JOB_LEASE_MS: the active job's lease
-    standby_nice: int = 10                       # HERDFENCE_STANDBY_NICE: a standby's CPU niceness (0: off)
-    single_task_records: int = 10_000            # HERDFENCE_SINGLE_TASK_RECORDS: a batch this small runs as one task (0: never)
-    fork_server: bool = True                     # HERDFENCE_FORK_SERVER: the query's Python runner from a warm fork server (local Spark)
-
-
-def load_tuning(env: Mapping[str, str] | None = None) -> Tuning:
-    m = read_env(env)
-    return Tuning(
-        trigger=m.trigger, max_offsets_per_trigger=m.max_offsets_per_trigger, elastic=m.elastic,
-        migrate_slots=m.migrate_slots, fence_preload=m.fence_preload, keep_warm_s=m.keep_warm_seconds,
-        silent_after_s=m.silent_seconds, silent_scan_s=m.silent_scan_seconds, retention_days=m.event_retention_days,
-        trim_every_s=m.event_trim_seconds, jvm_options=m.jvm_options, driver_host=m.driver_host,
-        driver_bind=m.driver_bind or "", driver_memory=m.driver_memory, scale_watch=m.scale_watch,
-        rate_device=m.rate_device, rate_farm_reports=m.rate_farm_reports, rate_farm=m.rate_farm,
-        api_workers=m.api_workers, objectstore_fsync=m.objectstore_fsync, broker_keep_s=m.broker_keep_seconds,
-        owner_pid=m.owner_pid, job_standby=m.job_standby, skip_lost_offsets=m.skip_lost_offsets, lease_ms=m.job_lease_ms, standby_nice=m.standby_nice,
-        single_task_records=m.single_task_records, fork_server=m.fork_server,
-    )
+def load_tuning(env: Mapping[str, str] | None = None) -> HerdfenceEnv:
+    """The job's and the API's knobs (docs/configuration.md): the validated settings model itself, read
+    once per process from the environment; a malformed value stops the process at start with a
+    clear error."""
+    return read_env(env)
 
 
 def spark_cluster_conf(env: Mapping[str, str] | None = None) -> dict[str, str]:

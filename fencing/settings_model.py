@@ -1,6 +1,6 @@
 """The typed model of every HERDFENCE_* variable (pydantic-settings): its default, what it accepts and
-what it means, and the one error a bad value raises. fencing/config.py builds `Settings` and `Tuning`
-from it; fencing/config_docs.py prints it (`herdfence config`, docs/configuration.md).
+what it means, and the one error a bad value raises. fencing/config.py builds `Settings` from it and
+uses it as `TUNING`; fencing/config_docs.py prints it (`herdfence config`, docs/configuration.md).
 
 A field `name` is the variable `HERDFENCE_NAME`. Empty means unset (the default), except for fields
 marked `keep_empty`, where "" is a value of its own (no JVM options, no RDB snapshots).

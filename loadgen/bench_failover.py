@@ -208,7 +208,7 @@ def failover(rate: float, devices: int, fences: int, json_path: str | None, stea
         steady = sampler.window(time.time() - steady_s + 5, time.time())
         threshold = max(float(np.max(steady)), 0.5) if len(steady) else 1.0
         out = {"rate": rate, "devices": devices, "fences": fences, "points": len(reports),
-               "lease_ms": TUNING.lease_ms,
+               "lease_ms": TUNING.job_lease_ms,
                "steady_lag_ms": {"p50": round(float(np.percentile(steady, 50)) * 1000),
                                  "p99": round(float(np.percentile(steady, 99)) * 1000),
                                  "max": round(float(np.max(steady)) * 1000)}}
@@ -229,7 +229,7 @@ def failover(rate: float, devices: int, fences: int, json_path: str | None, stea
             took_ms = result["takeover_ms"]
             result.update(_recovery(sampler, fault_at, threshold))
             if mode == "stop":
-                time.sleep(max(0.0, TUNING.lease_ms / 1000 + 3 - (time.time() - fault_at)))
+                time.sleep(max(0.0, TUNING.job_lease_ms / 1000 + 3 - (time.time() - fault_at)))
                 resumed_at = time.time()
                 os.killpg(pid, signal.SIGCONT)
                 try:

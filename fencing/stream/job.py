@@ -230,7 +230,7 @@ def main() -> None:
     settings = load_settings()
     settings.home.mkdir(parents=True, exist_ok=True)
     holder = f"{socket.gethostname()}:{os.getpid()}"
-    lease = Lease(cluster(*settings.redis_node), holder, TUNING.lease_ms, on_lost=_lease_lost)
+    lease = Lease(cluster(*settings.redis_node), holder, TUNING.job_lease_ms, on_lost=_lease_lost)
     waiting = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: waiting.set())
     epoch = lease.acquire(wait=False)      # first, so a standby on a cluster can ask for no executors

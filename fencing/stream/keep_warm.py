@@ -25,7 +25,7 @@ import orjson
 from fencing.stream.periodic import Periodic
 from fencing.config import TUNING
 
-KEEP_WARM_S = TUNING.keep_warm_s   # 0 = off
+KEEP_WARM_S = TUNING.keep_warm_seconds   # 0 = off
 STATUS_KEY = ACTIVE_WARM_KEY = "job:keepwarm"
 STANDBY_WARM_KEY = "job:keepwarm:standby"    # the hot standby's runs (fencing.stream.job)
 HOLD_S = 0.05       # a task holds its worker a moment, so a run's tasks spread over every executor

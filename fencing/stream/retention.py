@@ -20,8 +20,8 @@ from fencing.model.node_pipe import NodePipeline
 from fencing.stream.periodic import Periodic
 from fencing.config import TUNING
 
-RETENTION_DAYS = TUNING.retention_days
-TRIM_EVERY_S = TUNING.trim_every_s
+RETENTION_DAYS = TUNING.event_retention_days
+TRIM_EVERY_S = TUNING.event_trim_seconds
 FARMS_PER_ROUND = 5_000      # farms per pipelined round (one round trip per master each)
 EVENTS_PER_CALL = 5_000      # ids one script call drops (Lua's unpack takes ~8,000 at most)
 

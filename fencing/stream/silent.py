@@ -14,8 +14,8 @@ from fencing.stream.periodic import Periodic
 from fencing.model.transitions import event_id
 from fencing.config import TUNING
 
-SILENT_AFTER_S = TUNING.silent_after_s
-SCAN_EVERY_S = TUNING.silent_scan_s
+SILENT_AFTER_S = TUNING.silent_seconds
+SCAN_EVERY_S = TUNING.silent_scan_seconds
 # The job rewrites a device's last-seen entry only once it is this old (a write per farm and batch was
 # a third of the commands of a batch whose farms have a device or two each); every position carries its
 # arrival ("rx"), which the scan checks before it flags a device. At most half the silence, so a device

@@ -58,4 +58,4 @@ def test_the_map_page_flags_silence_at_the_servers_threshold_not_its_own(stack):
     page = stack.client(None).get("/").text
     found = re.search(r'<meta name="herdfence-silent-seconds" content="([0-9.]+)">', page)
     assert found, "the page carries the server's silence threshold"
-    assert float(found.group(1)) == load_tuning(stack.env).silent_after_s
+    assert float(found.group(1)) == load_tuning(stack.env).silent_seconds

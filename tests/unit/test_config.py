@@ -16,7 +16,7 @@ import pytest
 from pydantic_core import PydanticUndefined
 
 from fencing import config_docs
-from fencing.config import (ConfigError, DeployError, Settings, Tuning, flag, load_settings, load_tuning, read_env,
+from fencing.config import (ConfigError, DeployError, Settings, flag, load_settings, load_tuning, read_env,
                             spark_cluster_conf)
 from fencing.settings_model import FLAG_ACCEPTS, HerdfenceEnv, accepts, var
 
@@ -58,7 +58,7 @@ def test_malformed_settings_are_a_clear_error(env, names):
 def test_defaults():
     s, t = load_settings({}), load_tuning({})
     assert (s.broker_durable, s.redis_maxmemory, s.webhook_allow_private) == (True, "4gb", False)
-    assert (t.trigger, t.max_offsets_per_trigger, t.elastic, t.keep_warm_s) == ("250 milliseconds", 1_000_000, True, 20.0)
+    assert (t.trigger, t.max_offsets_per_trigger, t.elastic, t.keep_warm_seconds) == ("250 milliseconds", 1_000_000, True, 20.0)
 
 
 def test_only_the_configuration_reads_the_environment():
@@ -157,8 +157,8 @@ def test_empty_is_unset_except_where_empty_means_something():
     assert load_settings({"HERDFENCE_BROKER_STORAGE": "memory"}).broker_durable is False
 
 
-def test_the_dataclasses_defaults_are_the_models():
-    assert load_tuning({}) == Tuning()
+def test_the_settings_dataclass_defaults_are_the_models():
+    assert load_tuning({}) is read_env({})          # the knobs are the model itself
     s = load_settings({})
     for name, value in vars(Settings(home=s.home, kafka=None, redis=None, spark_master=None, api_port=8000)).items():
         assert getattr(s, name) == value, name
