@@ -138,6 +138,19 @@ def wait_ready(settings: Settings, rec: procs.ProcRecord | None, timeout: float 
         time.sleep(0.2)
 
 
+PORT_ENV = "HERDFENCE_EMBEDDED_KAFKA_PORT"
+
+
+def ports_to_take(settings: Settings) -> list[int]:
+    """The ports the embedded broker and its store will listen on, those of them not running."""
+    if settings.kafka is not None:
+        return []
+    ports = [settings.embedded_kafka_port] if procs.alive_record(settings, NAME) is None else []
+    if settings.broker_durable and procs.alive_record(settings, STORE) is None:
+        ports.append(store_port(settings))
+    return ports
+
+
 def up(settings: Settings) -> bool:
     """Start the embedded broker unless it runs (or Kafka is external); ensure topics.
 
@@ -147,8 +160,8 @@ def up(settings: Settings) -> bool:
     started = False
     rec = None
     if settings.kafka is None:
-        if procs.alive_record(settings, NAME) is None:     # say so before the store starts
-            procs.ensure_port_free(settings.embedded_kafka_port, "HERDFENCE_EMBEDDED_KAFKA_PORT")
+        for port in ports_to_take(settings):               # say so before the store starts
+            procs.ensure_port_free(port, PORT_ENV)
         if settings.broker_durable and procs.alive_record(settings, STORE) is None:
             store = procs.start(settings, store_spec(settings))
             procs.wait_for_port(store_port(settings), 15, store, settings)

@@ -174,6 +174,18 @@ def _check_ports(all_nodes: list[Node]) -> None:
                                     "set HERDFENCE_EMBEDDED_REDIS_PORT")
 
 
+PORT_ENV = "HERDFENCE_EMBEDDED_REDIS_PORT"
+
+
+def ports_to_take(settings: Settings, replicas: int = 0) -> list[int]:
+    """The ports the embedded nodes that are not running will listen on, their cluster-bus ports
+    included (a taken bus port would make redis exit right after start)."""
+    if settings.redis is not None:
+        return []
+    return [port for n in nodes(settings, replicas) if procs.alive_record(settings, n.name) is None
+            for port in (n.port, n.port + BUS_OFFSET)]
+
+
 def up(settings: Settings, replicas: int = 0) -> None:
     """Start the nodes that are down and make sure the cluster is formed and ok (embedded only)."""
     if settings.redis is not None:
@@ -182,9 +194,8 @@ def up(settings: Settings, replicas: int = 0) -> None:
     all_nodes = nodes(settings, replicas)
     _check_ports(all_nodes)
     dead = [n for n in all_nodes if procs.alive_record(settings, n.name) is None]
-    for n in dead:
-        # A taken cluster-bus port would make redis exit right after start: say so up front.
-        procs.ensure_port_free(n.port + BUS_OFFSET, "HERDFENCE_EMBEDDED_REDIS_PORT")
+    for port in ports_to_take(settings, replicas):
+        procs.ensure_port_free(port, PORT_ENV)
     recs = {n.port: procs.start(settings, _spec(settings, n)) for n in dead}
     for n in dead:
         procs.wait_for_port(n.port, 15, recs[n.port], settings)

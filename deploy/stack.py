@@ -209,17 +209,8 @@ def _preflight(settings: Settings, spark_workers: int = 0, redis_replicas: int =
 def _ports_to_take(settings: Settings, redis_replicas: int = 0) -> list[tuple[int, str]]:
     """The ports the embedded components that are not running yet will listen on: all checked before
     any starts, so a taken one stops `up` before it has started anything."""
-    ports: list[tuple[int, str]] = []
-    if settings.kafka is None:
-        if procs.alive_record(settings, broker.NAME) is None:
-            ports.append((settings.embedded_kafka_port, "HERDFENCE_EMBEDDED_KAFKA_PORT"))
-        if settings.broker_durable and procs.alive_record(settings, broker.STORE) is None:
-            ports.append((broker.store_port(settings), "HERDFENCE_EMBEDDED_KAFKA_PORT"))
-    if settings.redis is None:
-        for node in redis_cluster.nodes(settings, redis_replicas):
-            if procs.alive_record(settings, node.name) is None:
-                ports += [(node.port, "HERDFENCE_EMBEDDED_REDIS_PORT"),
-                          (node.port + redis_cluster.BUS_OFFSET, "HERDFENCE_EMBEDDED_REDIS_PORT")]
+    ports = [(port, broker.PORT_ENV) for port in broker.ports_to_take(settings)]
+    ports += [(port, redis_cluster.PORT_ENV) for port in redis_cluster.ports_to_take(settings, redis_replicas)]
     if procs.alive_record(settings, API) is None:
         ports.append((settings.api_port, "HERDFENCE_API_PORT"))
     return ports

@@ -16,7 +16,7 @@ import time
 import pandas as pd
 
 from loadgen.bench_load import HeartbeatSampler, handled
-from loadgen.bench_stack import BenchStack, _cli, say
+from loadgen.bench_stack import BenchStack, say
 
 
 def drain(stack: BenchStack, reports: pd.DataFrame, device_prefix: str, register, progress: bool = True,
@@ -42,8 +42,8 @@ def drain(stack: BenchStack, reports: pd.DataFrame, device_prefix: str, register
     say(f"drain: {len(backlog):,} reports waiting; starting the job")
     started = time.time()
     up: dict = {}
-    starter = threading.Thread(target=lambda: up.update(done=_cli(stack.env, "up", "--detach", "--timeout",
-                                                                   str(int(timeout_s)), timeout=timeout_s + 60)))
+    starter = threading.Thread(target=lambda: up.update(done=stack.cli("up", "--detach", "--timeout", str(int(timeout_s)),
+                                                                        timeout=timeout_s + 60)))
     starter.start()
     done_beat = None
     deadline = started + timeout_s

@@ -35,6 +35,10 @@ class BenchStack:
         from fencing.model.redis_conn import cluster
         return cluster(*self.settings.redis_node)
 
+    def cli(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+        """`herdfence <args>` against this stack."""
+        return _cli(self.env, *args, timeout=timeout)
+
     def describe(self) -> dict:
         s = self.settings
         return {"kind": "private" if self.private else "running", "kafka": s.kafka_bootstrap,
