@@ -186,7 +186,9 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
     out = {
         "fences": fences, "points": points, "devices": devices,
         "points_per_s": round(pps, 1),
-        # the same reports as a backlog processed with no producer running (loadgen.bench_drain)
+        # the same reports as a backlog processed with no producer running (loadgen.bench_drain);
+        # None when it was skipped ("drain" says why)
+        "drain_points_per_s": drained.get("points_per_s"),
         "drain": drained,
         "offered_rate": rate,           # reports/s the producer was paced at (None: flooded)
         "event_latency_ms": {"p50": round(float(np.percentile(lat_ms, 50)), 1) if len(lat_ms) else None,

@@ -34,7 +34,7 @@ def _figures(result: dict) -> dict:
     produce = result.get("produce") or {}
     return {"points_per_s": result.get("points_per_s"), "lost": result.get("lost"),
             "duplicated": result.get("duplicated"), "producer_s": produce.get("seconds"),
-            "drain_points_per_s": (result.get("drain") or {}).get("points_per_s"), "time": result.get("time")}
+            "drain_points_per_s": result.get("drain_points_per_s"), "time": result.get("time")}
 
 
 def collect(work: Path, base: Path | None, push_args: list[str]) -> dict:

@@ -167,7 +167,7 @@ def _push(pushes: list[tuple[Path, dict]]) -> list[str]:
         offered = f"{_fmt(float(r['offered_rate']))}/s" if r.get("offered_rate") else "flood"
         lines.append("| " + " | ".join(_fmt(x) for x in (
             r.get("fences"), r.get("devices"), r.get("points"), r.get("tracks") or "dense", offered,
-            r.get("points_per_s"), (r.get("drain") or {}).get("points_per_s"),
+            r.get("points_per_s"), r.get("drain_points_per_s"),
             r.get("vectorized_limit_points_per_s"))) + f" | {_fmt(r.get('ratio_to_limit'), 3)} | "
             + " | ".join(_fmt(x) for x in (lat.get("p50"), lat.get("p99"), r.get("events"), r.get("lost"),
                                             r.get("duplicated"), r.get("batches")))

@@ -9,7 +9,7 @@ import pytest
 from loadgen.herd import SimConfig, simulate
 
 PUSH_KEYS = {"fences", "points", "devices", "points_per_s", "event_latency_ms", "vectorized_limit_points_per_s",
-             "ratio_to_limit", "events", "lost", "duplicated"}
+             "ratio_to_limit", "events", "lost", "duplicated", "drain_points_per_s"}
 PULL_KEYS = {"fences", "devices", "queries_per_s", "latency_ms", "errors"}
 
 
@@ -40,6 +40,8 @@ def test_push_bench_is_exact(stack, tmp_path):
     assert PUSH_KEYS <= set(result)
     assert set(result["event_latency_ms"]) >= {"p50", "p99"}
     assert result["stack"]["kind"] == "running"          # it used the session's stack
+    # a paced run on a stack it did not start measures no drain, and says why
+    assert result["drain_points_per_s"] is None and result["drain"] == {"skipped": "paced run"}
     assert result["completed"] and result["processed_points"] == 5000
     assert result["events"] > 0
     assert result["lost"] == 0 and result["duplicated"] == 0 and result["unexpected_events"] == 0

@@ -10,7 +10,8 @@ from loadgen.bench_report import write_report
 
 def _result(pps: float, producer_s: float, lost: int = 0, drain: float | None = None) -> dict:
     return {"points_per_s": pps, "lost": lost, "duplicated": 0, "produce": {"seconds": producer_s},
-            "drain": {"points_per_s": drain} if drain else {"skipped": "paced run"}, "time": "2026-11-27T10:00:00Z"}
+            "drain_points_per_s": drain, "drain": {"points_per_s": drain} if drain else {"skipped": "paced run"},
+            "time": "2026-11-27T10:00:00Z"}
 
 
 def test_medians_ratio_and_report(tmp_path):
