@@ -77,6 +77,26 @@ if mark < mine then
 end
 return redis.call(ARGV[2], KEYS[2], unpack(ARGV, 3))
 """
+# The same check once for several writes into one hash slot (NodePipeline groups a batch's fenced writes
+# by slot): KEYS[1] the slot's mark, KEYS[2..] the written keys; ARGV[1] the epoch, then per key: its
+# argument count n, the command and its n arguments after the key. Each write's answer (or error) in turn.
+FENCED_SLOT = """
+local mark = tonumber(redis.call('GET', KEYS[1]) or '0')
+local mine = tonumber(ARGV[1])
+if mark > mine then
+  return redis.error_reply('FENCED epoch ' .. mine .. ' is older than ' .. mark)
+end
+if mark < mine then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+local out, a = {}, 2
+for k = 2, #KEYS do
+  local n = tonumber(ARGV[a])
+  out[k - 1] = redis.pcall(ARGV[a + 1], KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
+  a = a + 2 + n
+end
+return out
+"""
 # The same check as a prelude for scripts that write several keys of one slot (the event log):
 # KEYS[#KEYS] is the slot's epoch mark, ARGV[1] the writer's epoch (0: not fenced)
 FENCE_PRELUDE = """

@@ -13,6 +13,9 @@ that succeeded are kept, so each command's effect and answer is that of exactly 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from itertools import chain
+
 import hiredis
 from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -87,30 +90,51 @@ def _receive(node, conn, commands: list[tuple]) -> list:  # noqa: ANN001 - redis
 # commands that change data: under an epoch they run through the fenced script (fencing.model.lease)
 _WRITES = frozenset(("HSET", "HDEL", "SADD", "SREM", "ZADD", "ZREM", "SET", "DEL", "LPUSH", "LTRIM", "XADD",
                      "EXPIRE", "PEXPIRE", "INCR", "INCRBY", "HINCRBY"))
-_FENCED_SCRIPTS: dict[int, object] = {}
+_FENCED_SCRIPTS: dict[tuple[int, str], object] = {}
 _MARKS: dict[str, str] = {}         # key → the epoch mark of its slot (keys repeat batch after batch)
+SLOT_GROUP_ARGS = 100_000           # arguments per slot-grouped script call at most (bounded request size)
+
+
+def _loaded(redis, source: str):  # noqa: ANN001, ANN202 - RedisCluster, redis Script
+    script = _FENCED_SCRIPTS.get((id(redis), source))
+    if script is None:
+        script = redis.register_script(source)
+        redis.script_load(source)
+        _FENCED_SCRIPTS[(id(redis), source)] = script
+    return script
 
 
 def fenced_script(redis):  # noqa: ANN001, ANN201 - RedisCluster, redis Script
     """The fenced-command script of this client, loaded on every master once per process."""
-    script = _FENCED_SCRIPTS.get(id(redis))
-    if script is None:
-        from fencing.model.lease import FENCED_COMMAND
-        script = redis.register_script(FENCED_COMMAND)
-        redis.script_load(FENCED_COMMAND)
-        _FENCED_SCRIPTS[id(redis)] = script
-    return script
+    from fencing.model.lease import FENCED_COMMAND
+    return _loaded(redis, FENCED_COMMAND)
+
+
+def _mark(key: str) -> str:
+    mark = _MARKS.get(key)
+    if mark is None:
+        from fencing.model.lease import epoch_key
+        if len(_MARKS) > 100_000:
+            _MARKS.clear()
+        mark = _MARKS[key] = epoch_key(key)
+    return mark
 
 
 class NodePipeline:
     """`epoch` > 0: every write is checked against the epoch mark of its slot, atomically with the
-    write, and refused (FENCED, raised from `execute`) when a newer active job has written there."""
+    write, and refused (FENCED, raised from `execute`) when a newer active job has written there.
+
+    The fenced writes of one slot are checked together: one script call per slot (fencing.model.lease
+    FENCED_SLOT) runs all of them, in their order, instead of one call per write (a batch writes tens
+    of thousands of keys, most of them in a few slots per farm or group). A command that is not a fenced
+    write and shares a slot with queued writes ends their group: per slot, commands run in queue order."""
 
     def __init__(self, redis, epoch: int = 0) -> None:  # noqa: ANN001 - RedisCluster
         self.redis = redis
         self.epoch = epoch
         self._calls: list[tuple[str, tuple]] = []    # (routing key, command args)
         self._retry: dict[int, object] = {}          # index → how to run it alone (scripts: reload)
+        self._fenced: dict[int, str] = {}            # index → its slot's epoch mark (a fenced write)
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -119,28 +143,24 @@ class NodePipeline:
         """Queue `args` (command name first) routed by `key`; returns its index in the answers.
         `retry`: what to call instead when it must run again alone (default: the same command)."""
         if self.epoch and str(args[0]).upper() in _WRITES:
-            return self._fenced(key, args)
+            return self._queue_fenced(key, args)
         self._calls.append((key, args))
         if retry is not None:
             self._retry[len(self._calls) - 1] = retry
         return len(self._calls) - 1
 
-    def _fenced(self, key: str, args: tuple) -> int:
-        from fencing.model.lease import LUA_UNPACK_MAX, epoch_key, split_command
-        script = fenced_script(self.redis)
+    def _queue_fenced(self, key: str, args: tuple) -> int:
+        from fencing.model.lease import LUA_UNPACK_MAX, split_command
         target = args[1] if isinstance(args[1], str) else args[1].decode()
-        mark = _MARKS.get(target)
-        if mark is None:
-            if len(_MARKS) > 100_000:
-                _MARKS.clear()
-            mark = _MARKS[target] = epoch_key(target)
-        parts = [args] if len(args) <= LUA_UNPACK_MAX else split_command(args)
-        for part in parts:
-            # EVALSHA sha 2 <mark> <key> <epoch> <command> <its arguments after the key>: one copy
-            self._calls.append((key, ("EVALSHA", script.sha, 2, mark, part[1], self.epoch, part[0], *part[2:])))
-            self._retry[len(self._calls) - 1] = lambda part=part, mark=mark: script(
-                keys=[mark, part[1]], args=[self.epoch, part[0], *part[2:]])
+        mark = _mark(target)
+        for part in [args] if len(args) <= LUA_UNPACK_MAX else split_command(args):
+            self._calls.append((key, part))
+            self._fenced[len(self._calls) - 1] = mark
         return len(self._calls) - 1
+
+    def _fenced_alone(self, mark: str, part: tuple):  # noqa: ANN202
+        script = fenced_script(self.redis)
+        return script(keys=[mark, part[1]], args=[self.epoch, part[0], *part[2:]])
 
     def script(self, script, keys: list[str], args: list) -> int:  # noqa: ANN001 - redis Script
         """EVALSHA of a registered script; run alone (loading the script where missing) on failure."""
@@ -148,16 +168,42 @@ class NodePipeline:
                             retry=lambda: script(keys=keys, args=args))
 
     def hset(self, key: str, mapping: dict) -> int:
-        return self.command(key, "HSET", key, *[x for kv in mapping.items() for x in kv])
+        return self.command(key, "HSET", key, *chain.from_iterable(mapping.items()))
 
     def hmget(self, key: str, fields: list) -> int:
         return self.command(key, "HMGET", key, *fields)
 
+    def _requests(self, calls: list[tuple[str, tuple]], fenced: dict[int, str]) -> list[_Request]:
+        """What to send: plain calls one by one, fenced writes grouped per slot (a group goes where
+        its first write was queued, and a plain call on the same slot closes it: per slot, queue order)."""
+        if not fenced:
+            return [_Request(key, args, [i]) for i, (key, args) in enumerate(calls)]
+        from fencing.model.lease import FENCED_SLOT
+        sha = _loaded(self.redis, FENCED_SLOT).sha
+        out: list[_Request | _SlotGroup] = []
+        open_: dict[str, _SlotGroup] = {}            # mark → its group still taking writes
+        for i, (key, args) in enumerate(calls):
+            mark = fenced.get(i)
+            if mark is None:
+                out.append(_Request(key, args, [i]))
+                if open_:
+                    open_.pop(_mark(key if type(key) is str else key.decode()), None)
+                continue
+            group = open_.get(mark)
+            if group is None or group.size + len(args) > SLOT_GROUP_ARGS:
+                group = open_[mark] = _SlotGroup(key, mark)
+                out.append(group)
+            group.add(i, args)
+        return [r.request(sha, self.epoch) if type(r) is _SlotGroup else r for r in out]
+
     def execute(self) -> list:
-        calls, retry, self._calls, self._retry = self._calls, self._retry, [], {}
+        calls, retry, fenced = self._calls, self._retry, self._fenced
+        self._calls, self._retry, self._fenced = [], {}, {}
+        requests = self._requests(calls, fenced)
         by_slot: dict[int, list[int]] = {}
-        for i, (key, _) in enumerate(calls):
-            by_slot.setdefault(key_slot(key.encode() if type(key) is str else key), []).append(i)
+        for r, request in enumerate(requests):
+            key = request.key
+            by_slot.setdefault(key_slot(key.encode() if type(key) is str else key), []).append(r)
         by_node: dict[str, list[int]] = {}
         nodes = {}
         for slot, indices in by_slot.items():
@@ -168,20 +214,60 @@ class NodePipeline:
         failed: list[int] = []
         sent = []
         for name, indices in by_node.items():       # every master's share out first, then the replies
-            commands = [calls[i][1] for i in indices]
+            commands = [requests[r].args for r in indices]
             try:
                 sent.append((name, indices, commands, _send(nodes[name], commands)))
             except (RedisError, OSError):
-                failed += indices       # the node is unreachable: every call of it is retried below
+                failed += [i for r in indices for i in requests[r].members]   # unreachable: retried below
         for name, indices, commands, conn in sent:
             try:
-                for i, answer in zip(indices, _receive(nodes[name], conn, commands)):
+                replies = _receive(nodes[name], conn, commands)
+            except (RedisError, OSError):
+                failed += [i for r in indices for i in requests[r].members]
+                continue
+            for r, reply in zip(indices, replies):
+                request = requests[r]
+                if isinstance(reply, Exception):
+                    failed += request.members        # not run (a whole group: FENCED, NOSCRIPT, MOVED)
+                    continue
+                for i, answer in zip(request.members, reply if request.grouped else [reply]):
                     if isinstance(answer, Exception):
                         failed.append(i)
                     else:
                         answers[i] = answer
-            except (RedisError, OSError):
-                failed += indices
         for i in sorted(failed):
-            answers[i] = retry[i]() if i in retry else self.redis.execute_command(*calls[i][1])
+            if i in fenced:
+                answers[i] = self._fenced_alone(fenced[i], calls[i][1])
+            else:
+                answers[i] = retry[i]() if i in retry else self.redis.execute_command(*calls[i][1])
         return answers
+
+
+@dataclass
+class _Request:
+    """One command sent, and the queued calls (indices) its reply answers."""
+    key: str
+    args: tuple
+    members: list[int]
+    grouped: bool = False            # a slot group: its reply holds one answer per member
+
+
+@dataclass
+class _SlotGroup:
+    """Fenced writes into one slot, sent as one FENCED_SLOT call."""
+    key: str
+    mark: str
+    keys: list = field(default_factory=list)
+    argv: list = field(default_factory=list)
+    members: list[int] = field(default_factory=list)
+    size: int = 0
+
+    def add(self, index: int, args: tuple) -> None:
+        self.keys.append(args[1])
+        self.argv += (len(args) - 2, args[0], *args[2:])
+        self.members.append(index)
+        self.size += len(args)
+
+    def request(self, sha: str, epoch: int) -> _Request:
+        return _Request(self.key, ("EVALSHA", sha, len(self.keys) + 1, self.mark, *self.keys, epoch, *self.argv),
+                        self.members, grouped=True)

@@ -67,6 +67,32 @@ def test_long_commands_are_split_to_fit_the_fenced_script(stack):
     assert redis.hlen(key) == 20_000 and redis.hget(key, "d19999") == "19999"
 
 
+def test_fenced_writes_of_one_slot_run_together_in_queue_order_with_their_own_answers(stack):
+    """A batch's fenced writes into one slot go as one checked call; a read of that slot queued between
+    two writes sees the first and not the second, and every write gets its own answer."""
+    redis = stack.redis
+    tag = f"leasetest-{time.time_ns()}"
+    key, members = f"pos:{{{tag}}}", f"members:{{{tag}}}:f1"
+    pipe = NodePipeline(redis, epoch=7)
+    first = pipe.hset(key, {"cow": "v1", "calf": "v1"})
+    added = pipe.command(members, "SADD", members, "cow", "calf", "bull")
+    read = pipe.command(key, "HGET", key, "cow")
+    second = pipe.hset(key, {"cow": "v2"})
+    removed = pipe.command(members, "SREM", members, "bull", "nobody")
+    answers = pipe.execute()
+    assert (answers[first], answers[added], answers[read], answers[second], answers[removed]) == (2, 3, "v1", 0, 1)
+    assert redis.hget(key, "cow") == "v2" and redis.smembers(members) == {"cow", "calf"}
+    assert redis.get(epoch_key(key)) == "7"
+    # a write that fails on the server fails alone: the others of its slot still land
+    pipe = NodePipeline(redis, epoch=7)
+    pipe.hset(key, {"calf": "v3"})
+    wrong = pipe.command(key, "SADD", key, "x")          # WRONGTYPE: the key is a hash
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        pipe.execute()
+    assert redis.hget(key, "calf") == "v3"
+    assert wrong == 1
+
+
 def test_fenced_writes_land_once_with_their_answers_when_masters_lost_the_script(stack):
     """A master that lost the fencing script (a failover to a replica that never loaded it) fails the
     pipelined EVALSHA with NOSCRIPT: each such write runs again alone, loading the script, and its
