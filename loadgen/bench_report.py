@@ -173,6 +173,7 @@ def _push(pushes: list[tuple[Path, dict]]) -> list[str]:
                                             r.get("duplicated"), r.get("batches")))
             + f" | {_date(p, r)} |")
     lines.append("")
+    lines += _cpu_per_million(pushes)
     for p, r in pushes:
         pace = f", paced at {r['offered_rate']:,.0f} reports/s" if r.get("offered_rate") else ""
         pace += ", sparse collars" if r.get("tracks") == "sparse" else ""
@@ -186,6 +187,33 @@ def _push(pushes: list[tuple[Path, dict]]) -> list[str]:
             lines += [f"{r.get('batches')} micro-batches, mean {bs.get('mean')} s (max {bs.get('max')} s), "
                       f"mean {_fmt(bs.get('points_mean'))} points per batch.", ""]
     return lines
+
+
+# the stack's parts in the order the push path meets them, then the rest of the machine
+CPU_ROLES = ("bench", "broker", "broker_store", "workers", "jvm", "driver", "redis", "standby", "api", "stack_other",
+             "other")
+
+
+def _cpu_per_million(pushes: list[tuple[Path, dict]]) -> list[str]:
+    """Core-seconds per million points by component, from each run's CPU sampling of its measured
+    window (loadgen/bench_cpu.py)."""
+    runs = [(p, r) for p, r in pushes if (r.get("cpu") or {}).get("core_seconds") and r.get("points")]
+    if not runs:
+        return []
+    lines = ["### Where the CPU goes: core-seconds per million points", "",
+             "Each process's user + system time over the measured window (loadgen/bench_cpu.py), divided by the "
+             "points. `bench`: the load generator (its producer); `broker_store`: the broker's object store; "
+             "`workers`: the job's Python workers (readers and process stage); `jvm`/`driver`: the job's Spark "
+             "JVM and driver; `standby`: the hot standby job, all of its processes; `other`: everything else "
+             "on the machine.", "",
+             "| run | points/s | " + " | ".join(CPU_ROLES) + " | all |", "|---|---|" + "---|" * (len(CPU_ROLES) + 1)]
+    for p, r in runs:
+        per = 1e6 / r["points"]
+        cs = r["cpu"]["core_seconds"]
+        lines.append(f"| {p.name} | {_fmt(r.get('points_per_s'))} | "
+                     + " | ".join(_fmt(cs.get(role, 0.0) * per, 1) for role in CPU_ROLES)
+                     + f" | {_fmt(sum(cs.values()) * per, 1)} |")
+    return lines + [""]
 
 
 def _pull(pulls: list[tuple[Path, dict]]) -> list[str]:

@@ -8,10 +8,43 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from fencing.model import late
 from fencing.model.sparse_batch import Track, batch_segments, near_rows, taken_rows
 from fencing.model.transitions import DeviceState, Event, advance
+
+
+@dataclass(frozen=True)
+class BatchReports:
+    """A process task's reports as columns, grouped by device, each device's in arrival order: the
+    last form a report takes before the state machine (fencing.stream.rows names the others)."""
+    farm_id: np.ndarray     # object (str)
+    ts: np.ndarray          # int64, epoch ms
+    lat: np.ndarray         # float64
+    lon: np.ndarray         # float64
+    battery: np.ndarray     # float64, NaN: not given
+    accuracy: np.ndarray    # float64 (accuracy_m), NaN: not given
+    cell: np.ndarray        # uint64, the res-9 cell
+    grp: np.ndarray         # object (str), the cell group
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @classmethod
+    def from_arrow(cls, table: pa.Table, order: np.ndarray | None = None) -> "BatchReports":
+        """From STAGE_REPORT columns (fencing.stream.rows), their rows taken in `order` (None: as they are)."""
+        if order is not None:
+            table = table.take(pa.array(order))
+
+        def floats(name: str) -> np.ndarray:      # nulls become NaN
+            return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=np.float64)
+
+        def objects(name: str) -> np.ndarray:
+            return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=object)
+        return cls(objects("farm_id"), np.asarray(table.column("ts").to_numpy(), dtype=np.int64), floats("lat"),
+                   floats("lon"), floats("battery"), floats("accuracy_m"),
+                   np.asarray(table.column("cell").to_numpy(), dtype=np.int64).view(np.uint64), objects("grp"))
 
 
 @dataclass(frozen=True)
@@ -38,26 +71,22 @@ class Outcome:
     lon: list[float]
 
 
-def match_batch(cache, frame: pd.DataFrame) -> Matches:
-    """frame: farm_id, lon, lat, cell (res-9, int64 bits), grp per report."""
-    cells = frame["cell"].to_numpy().view(np.uint64)
-    point_idx, uids = cache.match(frame["lon"].to_numpy(), frame["lat"].to_numpy(), cells,
-                                  frame["grp"].to_numpy(dtype=object))
+def match_batch(cache, reports: BatchReports) -> Matches:
+    point_idx, uids = cache.match(reports.lon, reports.lat, reports.cell, reports.grp)
     fence_codes, fence_uids = pd.factorize(uids) if len(uids) else (np.empty(0, np.int64), np.empty(0, object))
     if len(point_idx):   # tenancy: a farm's devices are tested against that farm's fences only
         farm_of_fence = np.array([cache.fence_farm.get(u, "") for u in fence_uids], dtype=object)
-        own = farm_of_fence[fence_codes] == frame["farm_id"].to_numpy(dtype=object)[point_idx]
+        own = farm_of_fence[fence_codes] == reports.farm_id[point_idx]
         point_idx, fence_codes = point_idx[own], fence_codes[own]
-    sets, set_of_point = matched_sets(len(frame), point_idx, fence_codes, fence_uids)
+    sets, set_of_point = matched_sets(len(reports), point_idx, fence_codes, fence_uids)
     return Matches(point_idx, fence_codes, fence_uids, sets, set_of_point)
 
 
-def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray, ends: np.ndarray,
+def advance_batch(cache, reports: BatchReports, found: Matches, bounds: np.ndarray, ends: np.ndarray,
                   dkeys: list[str], states: list[DeviceState], deleted) -> Outcome:
     """Advance each device's state (in place) over its rows bounds[d]:ends[d]; dkeys "farm/device"."""
-    ts, lat, lon = frame["ts"].tolist(), frame["lat"].tolist(), frame["lon"].tolist()
-    battery = frame["battery"].to_numpy()
-    accuracy = frame["accuracy_m"].to_numpy(dtype=np.float64)
+    ts, lat, lon = reports.ts.tolist(), reports.lat.tolist(), reports.lon.tolist()
+    battery, accuracy = reports.battery, reports.accuracy
     matched = found.matched
     events: list[Event] = []
     dropped: list[tuple[str, str, int]] = []
@@ -66,8 +95,7 @@ def advance_batch(cache, frame: pd.DataFrame, found: Matches, bounds: np.ndarray
     device_of_row = np.repeat(np.arange(len(bounds)), ends - bounds)
     differs = found.set_of_point != found.set_of_point[bounds][device_of_row]
     uniform = (np.bincount(device_of_row, weights=differs, minlength=len(bounds)) == 0).tolist()
-    track = Track(bounds, ends, frame["farm_id"].to_numpy(dtype=object), frame["ts"].to_numpy(np.int64),
-                  frame["lat"].to_numpy(np.float64), frame["lon"].to_numpy(np.float64), accuracy)
+    track = Track(bounds, ends, reports.farm_id, reports.ts, reports.lat, reports.lon, accuracy)
     taken = taken_rows(track, states)
     # sparse fixes and approach warnings: per-report extras, found for the whole batch at once
     segments = batch_segments(cache, track, states, taken.rows, found.point_idx, found.fence_codes, found.fence_uids)

@@ -30,7 +30,7 @@ from fencing.stream.routing import RoutingTable, buckets_of, device_runs, group_
 from fencing.stream.shedding import shed_reports
 from fencing.stream.sinks import event_log, public_events
 from fencing.model.transitions import DeviceState, Event, state_before, state_record
-from fencing.stream.batch_core import advance_batch, match_batch
+from fencing.stream.batch_core import BatchReports, advance_batch, match_batch
 from fencing.stream.batch_core import matched_sets as _matched_sets  # noqa: F401 - its unit test imports it here
 
 
@@ -172,35 +172,32 @@ def _merged(a: PartitionStats, b: PartitionStats) -> PartitionStats:
 def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     redis = cluster(ctx.redis_host, ctx.redis_port)
     counter = CallCounter(ctx.routing, partition)
-    frame = reports.select(["farm_id", "device_id", "ts", "lat", "lon", "battery", "cell", "grp", "accuracy_m"]
-                           ).to_pandas()
     # Arrival (Kafka offset) order per device, not ts order: a late report must meet the state its
     # device already has, whichever batch it lands in (the shuffle keeps one map task's row order).
     runs = device_runs(reports.column("farm_id"), reports.column("device_id"))
     order = np.argsort(runs.codes, kind="stable")
-    frame = frame.iloc[order].reset_index(drop=True)
+    batch = BatchReports.from_arrow(reports, order)
     codes = runs.codes[order]
 
     cache = process_cache()
-    groups = sorted(frame["grp"].unique())
+    groups = sorted(reports.column("grp").unique().to_pylist())
     clock = _Stopwatch()
     cache.refresh(redis, groups)
     clock.lap("refresh")
     for group in groups:
         counter.count(group)
-    found = match_batch(cache, frame)
+    found = match_batch(cache, batch)
     clock.lap("match")
 
     # the device's home group for this batch = group of its last report (same rule as the router)
     bounds = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-    ends = np.r_[bounds[1:], len(frame)]
-    devices = DeviceBatch(dkeys=[runs.keys[c] for c in codes[bounds].tolist()],
-                          homes=frame["grp"].to_numpy()[ends - 1].tolist())
+    ends = np.r_[bounds[1:], len(batch)]
+    devices = DeviceBatch(dkeys=[runs.keys[c] for c in codes[bounds].tolist()], homes=batch.grp[ends - 1].tolist())
     _read_states(redis, ctx.version, devices, counter)
     clock.lap("read_state")
 
     states = [DeviceState.from_dict(b) for b in devices.before]     # advanced in place below
-    outcome = advance_batch(cache, frame, found, bounds, ends, devices.dkeys, states, ctx.deleted)
+    outcome = advance_batch(cache, batch, found, bounds, ends, devices.dkeys, states, ctx.deleted)
     events, latest_row = outcome.events, outcome.latest_row
     devices.frame_ts, devices.frame_lat, devices.frame_lon = outcome.ts, outcome.lat, outcome.lon
     clock.lap("advance")
@@ -216,8 +213,8 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     # the farm's events at once (announced before the events, a stream waited for its next poll)
     notify.live_changed(redis, changed)
     clock.lap("events")
-    group_points = Counter(frame["grp"].tolist())
-    stats = PartitionStats(partition, points=len(frame), devices=len(devices.dkeys), groups=dict(group_points),
+    group_points = Counter(batch.grp.tolist())
+    stats = PartitionStats(partition, points=len(batch), devices=len(devices.dkeys), groups=dict(group_points),
                            redis_local=counter.local, redis_cross=counter.cross, fences_cached=len(cache),
                            stage_s=clock.laps)
     if ctx.elastic:

@@ -4,8 +4,9 @@ hands back to the driver (OUTPUT).
 
 A report takes four forms between Kafka and the state machine: the record's bytes; the readers'
 parsed columns (ingest.validate); REPORT, routed and packed, which crosses the shuffle as one Arrow IPC
-stream per routed partition (the JVM moves a few large binary values, not a row per report); and
-STAGE_REPORT, the same columns with the cell group, which the process stage reads into its arrays.
+stream per routed partition (the JVM moves a few large binary values, not a row per report) and is
+read back without a copy as STAGE_REPORT (with the cell group); and the process stage's columns in
+device order (fencing.stream.batch_core.BatchReports), which the state machine reads.
 
 Row kinds are one numbering for both directions: a side row (a dead letter, a ping, a reader's timing)
 keeps its kind from the reader to the driver.

@@ -46,6 +46,7 @@ cluster_conf = spark_cluster_conf      # fencing/config.py: the one reader of HE
 # 4.4 core-s in 15 s); C1 alone compiles almost nothing after start and runs this work as fast
 # (measured 2026-11-23). HERDFENCE_JVM_OPTIONS replaces it ("" = the JVM's default).
 LOCAL_JVM_OPTIONS = TUNING.jvm_options
+WARM_DAEMON = "fencing.stream.warm_daemon"
 
 
 def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: int = 4,
@@ -68,7 +69,12 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
                    .config("spark.driver.memory", TUNING.driver_memory))
         if is_local(master):
             builder = (builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-                       .config("spark.driver.extraJavaOptions", LOCAL_JVM_OPTIONS))
+                       .config("spark.driver.extraJavaOptions", LOCAL_JVM_OPTIONS)
+                       # every Python worker forked with the fence map loaded (fencing/stream/warm_daemon.py);
+                       # local only: an executor elsewhere may not have the package before its first task
+                       .config("spark.python.daemon.module", WARM_DAEMON)
+                       # shuffle files stay on this machine's disk: compressing them only costs CPU
+                       .config("spark.shuffle.compress", "false"))
         else:
             # A standby asks for no executor while it waits. Without dynamic allocation a standalone
             # application takes every free core at once (the embedded cluster scales the active job by

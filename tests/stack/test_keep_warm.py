@@ -4,11 +4,17 @@ would stop workers idle for a minute, and their successors would reload the whol
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 
 import orjson
+import psutil
 
+from deploy import stack as deploy_stack
 from fencing.stream.keep_warm import STATUS_KEY, KeepWarm
+from fencing.stream.spark_session import WARM_DAEMON
+from tests.conftest import wait_for
 from tests.farmkit import Farm, square
 from tests.fixtures_spark import get_spark
 
@@ -79,3 +85,46 @@ def test_a_run_meets_every_pooled_worker_when_a_batch_left_more_than_one_per_cor
                          status_key="test:keepwarm")
     runs = [{row["pid"] for row in keep_warm.warm_once()} for _ in range(3)]
     assert pool <= runs[-1] and runs[-1] == runs[-2]
+
+
+# forks after bringing the cache up to date, as the daemon does for each worker; the child (a worker)
+# exits 0 when the fence is in the cache it was forked with, 3 when not
+_FORK_AFTER_REFRESH = """
+import os, sys
+from fencing.stream import warm_daemon
+from fencing.stream.fence_cache import process_cache
+warm_daemon.refresh_before_fork()
+pid = os.fork()
+if pid == 0:
+    try:
+        process_cache().geometry(sys.argv[1])
+    except KeyError:
+        os._exit(3)
+    os._exit(0)
+os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+def test_workers_are_forked_with_the_fences_saved_before_they_start(stack):
+    """The job's Python workers are forked by herdfence's daemon (fencing/stream/warm_daemon.py), which
+    brings its own fence cache up to date before each fork: a worker holds a paddock drawn a moment
+    before it started, before its first task (a worker forked bare loaded the whole map in its first
+    batch)."""
+    farm = Farm(stack, "warm daemon farm")
+    uid = f"{farm.farm_id}/{farm.fence(square(-62.1, -35.2), name='fresh paddock')}"
+    done = subprocess.run([sys.executable, "-c", _FORK_AFTER_REFRESH, uid], env=stack.env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def daemons() -> list[str]:
+        job = (deploy_stack.status(stack.settings)["components"].get("job") or {}).get("pid")
+        if not job:
+            return []
+        found = []
+        for child in psutil.Process(int(job)).children(recursive=True):
+            try:
+                found.append(" ".join(child.cmdline()))
+            except psutil.Error:
+                pass
+        return [c for c in found if f"-m {WARM_DAEMON}" in c]
+    wait_for(daemons, timeout=60, what="the job's Python workers forked by the warm daemon")

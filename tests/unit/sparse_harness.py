@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pyarrow as pa
 import pandas as pd
 import shapely
 from shapely.geometry import mapping
@@ -14,7 +15,7 @@ from fencing.model import fence_store
 from fencing.model.geometry import group_names
 from fencing.model.h3util import cells_for_points
 from fencing.model.transitions import DeviceState, Event
-from fencing.stream.batch_core import advance_batch, match_batch
+from fencing.stream.batch_core import BatchReports, advance_batch, match_batch
 from fencing.stream.fence_cache import FenceCache
 from loadgen.reference import RefFence, RefReport
 
@@ -61,14 +62,14 @@ class Job:
         lon = np.array([r.lon for r in reports])
         cells = cells_for_points(lat, lon, 9)
         names, code = group_names(cells)
-        frame = pd.DataFrame({"farm_id": [k.partition("/")[0] for k in dkeys],
-                              "device_id": [k.partition("/")[2] for k in dkeys],
-                              "ts": np.array([r.ts for r in reports], np.int64), "lat": lat, "lon": lon,
-                              "battery": np.nan, "cell": cells.view(np.int64), "grp": names[code],
-                              "accuracy_m": [np.nan if r.accuracy is None else r.accuracy for r in reports]})
+        table = pa.table({"farm_id": [k.partition("/")[0] for k in dkeys],
+                          "ts": np.array([r.ts for r in reports], np.int64), "lat": lat, "lon": lon,
+                          "battery": np.full(len(reports), np.nan), "cell": cells.view(np.int64),
+                          "grp": names[code].tolist(),
+                          "accuracy_m": pa.array([r.accuracy for r in reports], pa.float64())})
         device_code, device_keys = pd.factorize(pd.Series(dkeys))
         order = np.argsort(device_code, kind="stable")          # grouped by device, arrival order kept
-        frame = frame.iloc[order].reset_index(drop=True)
+        frame = BatchReports.from_arrow(table, order)
         codes = device_code[order]
         bounds = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
         ends = np.r_[bounds[1:], len(frame)]
