@@ -226,6 +226,9 @@ class HerdfenceEnv(BaseSettings):
         "on taking the lease). 0: off")
     fork_server: Flag = setting(True, JOB, "local Spark: the streaming query's Python runner is forked from a warm "
                                 "server (a take-over's first batch starts sooner)")
+    warm_daemon: Flag = setting(True, JOB, "local Spark: Python workers are forked from herdfence's daemon, which "
+                                "keeps the fence map loaded, so a new worker starts with every fence (off: "
+                                "pyspark's own daemon; a new worker loads the map in its first batch)")
     scale_watch: Flag = setting(True, JOB, "on a cluster master, the job follows executors added or removed")
     jvm_options: str = setting("-XX:TieredStopAtLevel=1", JOB, "extra options of the local Spark JVM (driver "
                                "and executor of `local[*]`); empty: the JVM's defaults", keep_empty=True,

@@ -70,11 +70,12 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
         if is_local(master):
             builder = (builder.config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
                        .config("spark.driver.extraJavaOptions", LOCAL_JVM_OPTIONS)
-                       # every Python worker forked with the fence map loaded (fencing/stream/warm_daemon.py);
-                       # local only: an executor elsewhere may not have the package before its first task
-                       .config("spark.python.daemon.module", WARM_DAEMON)
                        # shuffle files stay on this machine's disk: compressing them only costs CPU
                        .config("spark.shuffle.compress", "false"))
+            if TUNING.warm_daemon:
+                # every Python worker forked with the fence map loaded (fencing/stream/warm_daemon.py);
+                # local only: an executor elsewhere may not have the package before its first task
+                builder = builder.config("spark.python.daemon.module", WARM_DAEMON)
         else:
             # A standby asks for no executor while it waits. Without dynamic allocation a standalone
             # application takes every free core at once (the embedded cluster scales the active job by
