@@ -7,15 +7,14 @@ are idle. A worker forked from pyspark's own daemon holds no fences, and its fir
 (at 100,000 fences 5-11 s of a core, in the micro-batch that happened to meet it: the cause of a
 benchmark's occasional slow run, and of a restarted job's slow first batch).
 
-This daemon holds the fence cache (fencing.stream.fence_cache) itself and brings it up to date just
-before each fork, so that every worker is forked with every fence cached, sharing the daemon's memory
-until it writes to it; a worker's own refresh is then a version check. The daemon's update costs one
-version check per group when nothing changed, and a load of what changed otherwise: once per daemon,
-not once per worker. Its Redis client is closed before the fork (a child never shares its socket).
-
-While no worker is asked for, the daemon also brings its cache up to date every
-HERDFENCE_KEEP_WARM_SECONDS (its poll loop, idle), so that a paddock import is loaded once, here, before
-the next fork needs it, and not by the task waiting for that fork.
+This daemon holds the fence cache (fencing.stream.fence_cache) itself. While no worker is asked for,
+it brings the cache up to date every HERDFENCE_KEEP_WARM_SECONDS (its poll loop, idle): the whole map
+once, then what changed. Once it holds the map, it also brings it up to date just before each fork (a
+version check per group when nothing changed), so that every worker is forked with every fence cached,
+sharing the daemon's memory until it writes to it; a worker's own refresh is then a version check. A
+map import is loaded once per daemon, not once per worker. The first workers of a job, forked before
+the daemon's first load, start as pyspark's do: a job's start waits for no load of the daemon's. Its
+Redis client is closed before the fork (a child never shares its socket).
 
 Anything going wrong here only costs the old behaviour: the worker loads the fences itself.
 """
@@ -25,6 +24,9 @@ import os
 import select
 import sys
 import time
+
+
+_LOADED = {"once": False}      # the daemon's cache has been brought up to date at least once
 
 
 def refresh_before_fork() -> None:
@@ -42,6 +44,7 @@ def refresh_before_fork() -> None:
             cache.warm(client)
         finally:
             client.close()
+        _LOADED["once"] = True
     except Exception as e:  # noqa: BLE001 - never stop a worker from starting
         print(f"herdfence warm daemon: the fence cache was not refreshed before a fork ({e!r}); the worker "
               "loads it itself", file=sys.stderr, flush=True)
@@ -90,9 +93,10 @@ def main() -> None:
     polls: list[_RefreshingPoll] = []
 
     def warm_fork() -> int:
-        refresh_before_fork()
-        for p in polls:
-            p.refreshed_at = time.monotonic()
+        if _LOADED["once"]:         # else the first idle poll loads the map: nothing in a job start's way
+            refresh_before_fork()
+            for p in polls:
+                p.refreshed_at = time.monotonic()
         pid = fork()
         if pid == 0:                # the worker: the standard calls again
             os.fork, select.poll = fork, poll
