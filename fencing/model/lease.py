@@ -64,9 +64,9 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-# KEYS[1] = the slot's epoch mark, KEYS[2] = the key written; ARGV[1] = the writer's epoch, ARGV[2] =
-# the command, ARGV[3..] = its arguments after the key
-FENCED_COMMAND = """
+# The check of a fenced write, first in its script: KEYS[1] = the slot's epoch mark, ARGV[1] = the
+# writer's epoch. An older epoch is refused; a newer one raises the mark.
+_MARK_FIRST = """
 local mark = tonumber(redis.call('GET', KEYS[1]) or '0')
 local mine = tonumber(ARGV[1])
 if mark > mine then
@@ -75,20 +75,15 @@ end
 if mark < mine then
   redis.call('SET', KEYS[1], ARGV[1])
 end
+"""
+# One write: KEYS[2] = the key written; ARGV[2] = the command, ARGV[3..] = its arguments after the key
+FENCED_COMMAND = _MARK_FIRST + """
 return redis.call(ARGV[2], KEYS[2], unpack(ARGV, 3))
 """
-# The same check once for several writes into one hash slot (NodePipeline groups a batch's fenced writes
-# by slot): KEYS[1] the slot's mark, KEYS[2..] the written keys; ARGV[1] the epoch, then per key: its
-# argument count n, the command and its n arguments after the key. Each write's answer (or error) in turn.
-FENCED_SLOT = """
-local mark = tonumber(redis.call('GET', KEYS[1]) or '0')
-local mine = tonumber(ARGV[1])
-if mark > mine then
-  return redis.error_reply('FENCED epoch ' .. mine .. ' is older than ' .. mark)
-end
-if mark < mine then
-  redis.call('SET', KEYS[1], ARGV[1])
-end
+# Several writes into one hash slot, checked once (NodePipeline groups a batch's fenced writes by slot):
+# KEYS[2..] the written keys; after ARGV[1], per key: its argument count n, the command and its n
+# arguments after the key. Each write's answer (or error) in turn.
+FENCED_SLOT = _MARK_FIRST + """
 local out, a = {}, 2
 for k = 2, #KEYS do
   local n = tonumber(ARGV[a])
