@@ -4,6 +4,12 @@ about a minute after every take-over, doubling its freshness lag. The standby ru
 priority (niceness, inherited by its JVM and Python workers), and the moment it takes the lease it
 puts itself and every process it started back at the normal priority.
 
+Linux with autogroup scheduling (sched_autogroup_enabled) shares the CPU between sessions first, and a
+process's niceness only ranks it inside its own session: the supervisor starts every component in a
+session of its own, so a niced standby still took a full session's share (10 core-s of an 18 s flood
+at 100k fences, when its fence load met the measured window). A standby that leads its session
+therefore also lowers the session's autogroup niceness, and raises it again with the rest.
+
 Going back up needs the right to raise priority (root, or RLIMIT_NICE): without it the standby keeps
 the normal priority from the start, as an active job must not be left behind the broker and Redis."""
 from __future__ import annotations
@@ -11,10 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import resource
+from pathlib import Path
 
 import psutil
 
 log = logging.getLogger(__name__)
+AUTOGROUP = Path("/proc/self/autogroup")    # "/autogroup-N nice K": this session's share of the CPU
 
 
 def can_restore() -> bool:
@@ -28,7 +36,27 @@ def lower(niceness: int) -> bool:
     if niceness <= 0 or not can_restore():
         return False
     os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    _set_session_niceness(niceness)
     return True
+
+
+def session_niceness() -> int | None:
+    """The niceness of this process's autogroup (None: no autogroup scheduling here)."""
+    try:
+        return int(AUTOGROUP.read_text().split()[-1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _set_session_niceness(niceness: int) -> None:
+    """Rank this session's autogroup (the standby's JVM and Python workers are in it) against the
+    other sessions; only a session leader does, as the session is then the job's own."""
+    if os.getsid(0) != os.getpid() or session_niceness() is None:
+        return
+    try:
+        AUTOGROUP.write_text(str(niceness))
+    except OSError as e:
+        log.warning("standby priority: the session's niceness stays as it is (%s)", e)
 
 
 def descendants(pid: int) -> list[int]:
@@ -49,7 +77,9 @@ def threads(pid: int) -> list[int]:
 
 def restore() -> int:
     """Back to niceness 0: every thread of this process and of every process it started (a JVM's
-    threads each carry their own). Returns how many threads were raised."""
+    threads each carry their own), and this session's. Returns how many threads were raised."""
+    if session_niceness():
+        _set_session_niceness(0)
     raised = 0
     for pid in [os.getpid(), *descendants(os.getpid())]:
         for tid in threads(pid):
