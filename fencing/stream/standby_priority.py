@@ -22,7 +22,7 @@ from pathlib import Path
 import psutil
 
 log = logging.getLogger(__name__)
-AUTOGROUP = Path("/proc/self/autogroup")    # "/autogroup-N nice K": this session's share of the CPU
+AUTOGROUP = Path("/proc/self/autogroup")    # "/autogroup-N nice K": the share of the CPU of the process's session
 
 
 def can_restore() -> bool:
@@ -49,8 +49,8 @@ def session_niceness() -> int | None:
 
 
 def _set_session_niceness(niceness: int) -> None:
-    """Rank this session's autogroup (the standby's JVM and Python workers are in it) against the
-    other sessions; only a session leader does, as the session is then the job's own."""
+    """Rank the autogroup of the session this process leads (its JVM and Python workers are in it)
+    against the other sessions; only a session leader does, as the session is then the job's own."""
     if os.getsid(0) != os.getpid() or session_niceness() is None:
         return
     try:
@@ -77,7 +77,7 @@ def threads(pid: int) -> list[int]:
 
 def restore() -> int:
     """Back to niceness 0: every thread of this process and of every process it started (a JVM's
-    threads each carry their own), and this session's. Returns how many threads were raised."""
+    threads each carry their own), and of its session. Returns how many threads were raised."""
     if session_niceness():
         _set_session_niceness(0)
     raised = 0
