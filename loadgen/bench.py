@@ -390,11 +390,16 @@ def main(argv: list[str]) -> int:
     fo.add_argument("--no-plot", action="store_true")
     sub.add_parser("ab", help="this checkout against another commit's, interleaved, medians (loadgen/bench_ab.py)",
                    add_help=False)
+    sub.add_parser("core", help="the process stage's computing core per step, no stack (loadgen/bench_core.py)",
+                   add_help=False)
     rp = sub.add_parser("report", help="write docs/benchmarks.md from the JSON results under docs/")
     rp.add_argument("--docs", default=str(DOCS))
     if argv and argv[0] == "devices":
         from loadgen import bench_devices
         return bench_devices.main(argv[1:])
+    if argv and argv[0] == "core":
+        from loadgen import bench_core
+        return bench_core.main(argv[1:])
     if argv and argv[0] == "ab":
         from loadgen import bench_ab
         return bench_ab.main(argv[1:])

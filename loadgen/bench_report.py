@@ -323,6 +323,32 @@ def _fences(runs: list[tuple[Path, dict]]) -> list[str]:
     return lines
 
 
+def _core(runs: list[tuple[Path, dict]]) -> list[str]:
+    """`herdfence bench core`: the process stage's computing core per step, no stack."""
+    if not runs:
+        return []
+    steps = ("frame", "read_state", "match", "advance", "write")
+    lines = ["## The process stage's core, alone", "",
+             "`herdfence bench core` (loadgen/bench_core.py): a simulated herd cut into micro-batches, each run "
+             "through the job's own steps on one core with no Kafka, Spark or Redis (the state records encoded "
+             "and decoded as the process stage does); the first batch warms up and is not counted. Seconds per "
+             "100,000 points, and µs per device and batch, by step; events reconciled with the oracle.", "",
+             "| fences | points | devices | batches | " + " | ".join(steps) + " | µs per device-batch "
+             "(" + ", ".join(steps) + ") | points/s | events | lost | duplicated |",
+             "|---|---|---|---|" + "---|" * len(steps) + "---|---|---|---|---|"]
+    for _, r in runs:
+        per, dev = r.get("seconds_per_100k_points") or {}, r.get("us_per_device_batch") or {}
+        lines.append(f"| {_fmt(r.get('fences'))} | {_fmt(r.get('points'))} | {_fmt(r.get('devices'))} | "
+                     f"{r.get('batches')} | " + " | ".join(_fmt(per.get(s), 3) for s in steps)
+                     + " | " + " / ".join(_fmt(dev.get(s), 1) for s in steps)
+                     + f" | {_fmt(r.get('points_per_s'))} | {_fmt(r.get('events'))} | {r.get('lost')} | "
+                     f"{r.get('duplicated')} |")
+    lines.append("")
+    for p, r in runs:
+        lines += _provenance(p, r)
+    return lines
+
+
 def _elastic(runs: list[tuple[Path, dict]]) -> list[str]:
     if not runs:
         return []
@@ -403,6 +429,7 @@ def write_report(docs: Path) -> Path:
     lines += _ab(_load_one(docs, "ab-*.json"))
     lines += _push(pushes)
     lines += _pull(pulls)
+    lines += _core(_load_one(docs, "bench-core*.json"))
     lines += _failover(_load_one(docs, "bench-failover*.json"))
     lines += _devices(_load_one(docs, "bench-devices.json"))
     lines += _fences(_load_one(docs, "bench-fences.json"))

@@ -1,0 +1,136 @@
+"""`herdfence bench core`: the process stage's computing core alone, per step, without Kafka, Spark or
+Redis: what a change to matching, the state machine or the state's encoding costs, in seconds, with
+none of the stack's noise (a push run moves ±10% between runs here).
+
+A simulated herd (loadgen.herd) is cut into equal micro-batches in arrival order, and each batch runs
+the job's own steps on one core: the batch's columns in device order (BatchReports), the device states
+read back from their stored records (JSON, the versioned record, DeviceState), matching against the
+fence cache, advancing every device (fencing.stream.batch_core), and the state and position records
+encoded as the process stage writes them. The first batch (every device new) warms up and is not
+counted. The cyclic GC is paused as in a process task. The events are reconciled with the oracle
+(loadgen.reference): a core that got faster by getting something wrong does not pass.
+
+    herdfence bench core --fences 10000 --points 1000000 --devices 10000 [--batches 4] [--json FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import Counter
+
+import numpy as np
+import orjson
+import pandas as pd
+import pyarrow as pa
+
+STEPS = ("frame", "read_state", "match", "advance", "write")
+
+
+def run(fences: int, points: int, devices: int, batches: int = 4, seed: int = 0) -> dict:
+    from fencing.model import compact_json, fence_store
+    from fencing.model.geometry import group_names
+    from fencing.model.h3util import cells_for_points
+    from fencing.model.keys import FENCE_RES
+    from fencing.model.transitions import DeviceState, state_before, state_record
+    from fencing.stream import worker_gc
+    from fencing.stream.batch_core import BatchReports, advance_batch, match_batch
+    from fencing.stream.fence_cache import FenceCache
+    from loadgen.herd import SimConfig, simulate
+    from loadgen.reference import expected_events
+    from loadgen.truth import reconcile
+
+    sim = simulate(SimConfig.for_totals(fences, points, devices, seed=seed))
+    cache = FenceCache()
+    by_group: dict[str, dict[str, dict]] = {}
+    for fence in sim.fences:
+        valid = fence_store.validate_feature(fence.geojson)
+        for group, record in fence_store.group_records(fence.farm_id, fence.fence_id, 1, valid).items():
+            by_group.setdefault(group, {})[f"{fence.farm_id}/{fence.fence_id}"] = record
+    cache.install([(g, 1, records) for g, records in by_group.items()])
+    cache.build_indexes()
+
+    reports = sim.reports
+    dkeys = np.array([f"{sim.device_farm[d]}/{d}" for d in reports["device_id"]], dtype=object)
+    stored: dict[str, bytes] = {}
+    seconds: Counter = Counter()
+    events: list = []
+    counted = devices_counted = 0
+    edges = np.linspace(0, len(reports), batches + 1).astype(int)
+    for b, (lo, hi) in enumerate(zip(edges[:-1].tolist(), edges[1:].tolist())):
+        version = f"core:{b}"
+        lat, lon = reports["lat"].to_numpy()[lo:hi], reports["lon"].to_numpy()[lo:hi]
+        cells = cells_for_points(lat, lon, FENCE_RES)
+        names, code = group_names(cells)
+        table = pa.table({"farm_id": [k.partition("/")[0] for k in dkeys[lo:hi]],
+                          "ts": reports["ts"].to_numpy(np.int64)[lo:hi], "lat": lat, "lon": lon,
+                          "battery": reports["battery"].to_numpy(np.float64)[lo:hi],
+                          "cell": cells.view(np.int64), "grp": names[code],
+                          "accuracy_m": pa.nulls(hi - lo, pa.float64())})
+        codes, keys = pd.factorize(pd.Series(dkeys[lo:hi]))
+        lap: dict[str, float] = {}
+        with worker_gc.collector_paused():
+            t = time.perf_counter()
+            order = np.argsort(codes, kind="stable")        # grouped by device, arrival order kept
+            frame = BatchReports.from_arrow(table, order)
+            codes = codes[order]
+            bounds = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+            ends = np.r_[bounds[1:], len(frame)]
+            device_keys = [keys[c] for c in codes[bounds].tolist()]
+            lap["frame"], t = time.perf_counter() - t, time.perf_counter()
+            before = [state_before(orjson.loads(raw) if raw else None, version)
+                      for raw in (stored.get(k) for k in device_keys)]
+            states = [DeviceState.from_dict(s) for s in before]
+            lap["read_state"], t = time.perf_counter() - t, time.perf_counter()
+            found = match_batch(cache, frame)
+            lap["match"], t = time.perf_counter() - t, time.perf_counter()
+            outcome = advance_batch(cache, frame, found, bounds, ends, device_keys, states, frozenset())
+            lap["advance"], t = time.perf_counter() - t, time.perf_counter()
+            for key, state, old, row in zip(device_keys, states, before, outcome.latest_row.tolist()):
+                stored[key] = compact_json.dumps(state_record(version, state.to_dict(), old))
+                if row >= 0:
+                    compact_json.dumps({"lat": outcome.lat[row], "lon": outcome.lon[row], "ts": outcome.ts[row],
+                                        "battery": state.battery, "rx": 0,
+                                        "fences": [u.partition("/")[2] for u in state.inside_fences()]})
+            lap["write"] = time.perf_counter() - t
+        events += outcome.events
+        if b:                                   # the first batch warms up: every device is new
+            seconds.update(lap)
+            counted += hi - lo
+            devices_counted += len(device_keys)
+    observed = pd.DataFrame([(e.device_id, e.fence_id, e.type, e.ts) for e in events],
+                            columns=["device_id", "fence_id", "type", "ts"])
+    rec = reconcile(expected_events(reports, sim.fences, sim.device_farm), observed)
+    per_100k = {step: round(seconds[step] / counted * 1e5, 4) for step in STEPS} if counted else {}
+    return {"fences": fences, "points": points, "devices": devices, "batches": batches,
+            "points_counted": counted, "device_batches_counted": devices_counted,
+            "seconds_per_100k_points": per_100k,
+            "us_per_device_batch": {step: round(seconds[step] / devices_counted * 1e6, 2) for step in STEPS}
+            if devices_counted else {},
+            "points_per_s": round(counted / sum(seconds.values()), 1) if counted else None,
+            "events": len(events), "lost": rec["lost"], "duplicated": rec["duplicated"],
+            "unexpected": rec.get("unexpected", 0)}
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="herdfence bench core", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fences", type=int, default=10_000)
+    p.add_argument("--points", type=int, default=1_000_000)
+    p.add_argument("--devices", type=int, default=10_000)
+    p.add_argument("--batches", type=int, default=4, help="micro-batches the points are cut into (the first warms up)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="FILE")
+    args = p.parse_args(argv)
+    if args.batches < 2:
+        p.error("--batches must be at least 2: the first one only warms up")
+    from loadgen.bench_stack import machine
+    out = run(args.fences, args.points, args.devices, args.batches, args.seed)
+    out["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out["machine"] = machine()
+    out["command"] = " ".join(["herdfence", "bench", "core", *argv])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    print(json.dumps(out, indent=1))
+    return 0 if not out["lost"] and not out["duplicated"] else 1
