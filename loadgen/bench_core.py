@@ -27,28 +27,62 @@ import pyarrow as pa
 STEPS = ("frame", "read_state", "match", "advance", "write")
 
 
-def run(fences: int, points: int, devices: int, batches: int = 4, seed: int = 0) -> dict:
-    from fencing.model import compact_json, fence_store
+def fence_cache(features: dict[str, dict]):  # noqa: ANN201 - fencing.stream.fence_cache.FenceCache
+    """A job's fence cache holding `features` (uid "farm/fence" → GeoJSON Feature), each validated and
+    split into its cell groups as `save_fence` stores it, indexes built."""
+    from fencing.model import fence_store
+    from fencing.stream.fence_cache import FenceCache
+    by_group: dict[str, dict[str, dict]] = {}
+    for uid, feature in features.items():
+        farm_id, _, fence_id = uid.partition("/")
+        valid = fence_store.validate_feature(feature)
+        for group, record in fence_store.group_records(farm_id, fence_id, 1, valid).items():
+            by_group.setdefault(group, {})[uid] = record
+    cache = FenceCache()
+    cache.install([(g, 1, records) for g, records in by_group.items()])
+    cache.build_indexes()
+    return cache
+
+
+def reports_table(dkeys, ts, lat, lon, battery, accuracy) -> pa.Table:  # noqa: ANN001 - sequences
+    """A batch's reports as the process stage receives them (fencing.stream.rows.STAGE_REPORT), in
+    arrival order; `dkeys` "farm/device"."""
     from fencing.model.geometry import group_names
     from fencing.model.h3util import cells_for_points
     from fencing.model.keys import FENCE_RES
+    lat, lon = np.asarray(lat, np.float64), np.asarray(lon, np.float64)
+    cells = cells_for_points(lat, lon, FENCE_RES)
+    names, code = group_names(cells)
+    return pa.table({"farm_id": [k.partition("/")[0] for k in dkeys], "ts": np.asarray(ts, np.int64),
+                     "lat": lat, "lon": lon, "battery": np.asarray(battery, np.float64),
+                     "cell": cells.view(np.int64), "grp": names[code],
+                     "accuracy_m": pa.array(accuracy, pa.float64())})
+
+
+def device_frame(table: pa.Table, dkeys) -> tuple:  # noqa: ANN001 - a sequence of str
+    """(BatchReports grouped by device in arrival order, each device's first row, one past its last,
+    the device keys): the process stage's view of `table`."""
+    from fencing.stream.batch_core import BatchReports
+    codes, keys = pd.factorize(pd.Series(dkeys))
+    order = np.argsort(codes, kind="stable")            # grouped by device, arrival order kept
+    frame = BatchReports.from_arrow(table, order)
+    codes = codes[order]
+    bounds = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
+    ends = np.r_[bounds[1:], len(frame)]
+    return frame, bounds, ends, [keys[c] for c in codes[bounds].tolist()]
+
+
+def run(fences: int, points: int, devices: int, batches: int = 4, seed: int = 0) -> dict:
+    from fencing.model import compact_json
     from fencing.model.transitions import DeviceState, state_before, state_record
     from fencing.stream import worker_gc
-    from fencing.stream.batch_core import BatchReports, advance_batch, match_batch
-    from fencing.stream.fence_cache import FenceCache
+    from fencing.stream.batch_core import advance_batch, match_batch
     from loadgen.herd import SimConfig, simulate
     from loadgen.reference import expected_events
     from loadgen.truth import reconcile
 
     sim = simulate(SimConfig.for_totals(fences, points, devices, seed=seed))
-    cache = FenceCache()
-    by_group: dict[str, dict[str, dict]] = {}
-    for fence in sim.fences:
-        valid = fence_store.validate_feature(fence.geojson)
-        for group, record in fence_store.group_records(fence.farm_id, fence.fence_id, 1, valid).items():
-            by_group.setdefault(group, {})[f"{fence.farm_id}/{fence.fence_id}"] = record
-    cache.install([(g, 1, records) for g, records in by_group.items()])
-    cache.build_indexes()
+    cache = fence_cache({f"{fence.farm_id}/{fence.fence_id}": fence.geojson for fence in sim.fences})
 
     reports = sim.reports
     dkeys = np.array([f"{sim.device_farm[d]}/{d}" for d in reports["device_id"]], dtype=object)
@@ -59,24 +93,13 @@ def run(fences: int, points: int, devices: int, batches: int = 4, seed: int = 0)
     edges = np.linspace(0, len(reports), batches + 1).astype(int)
     for b, (lo, hi) in enumerate(zip(edges[:-1].tolist(), edges[1:].tolist())):
         version = f"core:{b}"
-        lat, lon = reports["lat"].to_numpy()[lo:hi], reports["lon"].to_numpy()[lo:hi]
-        cells = cells_for_points(lat, lon, FENCE_RES)
-        names, code = group_names(cells)
-        table = pa.table({"farm_id": [k.partition("/")[0] for k in dkeys[lo:hi]],
-                          "ts": reports["ts"].to_numpy(np.int64)[lo:hi], "lat": lat, "lon": lon,
-                          "battery": reports["battery"].to_numpy(np.float64)[lo:hi],
-                          "cell": cells.view(np.int64), "grp": names[code],
-                          "accuracy_m": pa.nulls(hi - lo, pa.float64())})
-        codes, keys = pd.factorize(pd.Series(dkeys[lo:hi]))
+        table = reports_table(dkeys[lo:hi], reports["ts"].to_numpy()[lo:hi], reports["lat"].to_numpy()[lo:hi],
+                              reports["lon"].to_numpy()[lo:hi], reports["battery"].to_numpy()[lo:hi],
+                              [None] * (hi - lo))
         lap: dict[str, float] = {}
         with worker_gc.collector_paused():
             t = time.perf_counter()
-            order = np.argsort(codes, kind="stable")        # grouped by device, arrival order kept
-            frame = BatchReports.from_arrow(table, order)
-            codes = codes[order]
-            bounds = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]])
-            ends = np.r_[bounds[1:], len(frame)]
-            device_keys = [keys[c] for c in codes[bounds].tolist()]
+            frame, bounds, ends, device_keys = device_frame(table, dkeys[lo:hi])
             lap["frame"], t = time.perf_counter() - t, time.perf_counter()
             before = [state_before(orjson.loads(raw) if raw else None, version)
                       for raw in (stored.get(k) for k in device_keys)]

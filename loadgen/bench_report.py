@@ -327,7 +327,7 @@ def _core(runs: list[tuple[Path, dict]]) -> list[str]:
     """`herdfence bench core`: the process stage's computing core per step, no stack."""
     if not runs:
         return []
-    steps = ("frame", "read_state", "match", "advance", "write")
+    from loadgen.bench_core import STEPS as steps
     lines = ["## The process stage's core, alone", "",
              "`herdfence bench core` (loadgen/bench_core.py): a simulated herd cut into micro-batches, each run "
              "through the job's own steps on one core with no Kafka, Spark or Redis (the state records encoded "
