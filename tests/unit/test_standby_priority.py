@@ -12,6 +12,7 @@ from fencing.stream import standby_priority
 SCRIPT = r"""
 import os, subprocess, sys, threading, time
 from fencing.stream import standby_priority as sp
+at_start = sp.session_niceness()          # None where this session has no autogroup (a cpu cgroup, no autogroup)
 assert sp.lower(10)
 worker = threading.Thread(target=time.sleep, args=(30,), daemon=True)     # a thread started while standing by
 worker.start()
@@ -24,7 +25,7 @@ session_before = sp.session_niceness()
 raised = sp.restore()
 after = sorted({os.getpriority(os.PRIO_PROCESS, t) for p in tree for t in sp.threads(p)})
 print(len(tree), before, after, raised, worker.native_id in sp.threads(os.getpid()), session_before,
-      sp.session_niceness())
+      sp.session_niceness(), at_start is not None)
 for p in sp.descendants(os.getpid()):
     try:
         os.kill(p, 9)
@@ -41,12 +42,13 @@ def test_a_standby_runs_lowered_and_takes_its_whole_tree_back_to_normal():
     out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60,
                          start_new_session=True)
     assert out.returncode == 0, out.stderr
-    processes, before, after, raised, worker_seen, session_before, session_after = out.stdout.split()
+    processes, before, after, raised, worker_seen, session_before, session_after, autogroup = out.stdout.split()
     # this process, its child and the grandchild `sleep`: every thread at 10, then every one at 0
     assert (processes, before, after, worker_seen) == ("3", "[10]", "[0]", "True")
     assert int(raised) >= 4                     # main thread, the worker thread, child, grandchild
-    # with autogroup scheduling, the session (the standby's share against the other sessions) too
-    if standby_priority.session_niceness() is not None:
+    # with autogroup scheduling, the session (the standby's share against the other sessions) too;
+    # whether the new session has an autogroup is the child's to say, not this process's
+    if autogroup == "True":
         assert (session_before, session_after) == ("10", "0")
     else:
         assert (session_before, session_after) == ("None", "None")
