@@ -87,5 +87,5 @@ class SilentScanner(Periodic):
         now = int(time.time() * 1000)
         found = silent_events(self.redis, now, self.silent_after_ms)
         if found:
-            self.sinks.write_once(found)      # written (idempotently) before the index forgets
+            self.sinks.write_found(found)     # logged, then produced, before the index forgets
             forget(self.redis, found, now - self.silent_after_ms)

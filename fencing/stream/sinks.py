@@ -16,16 +16,15 @@ from fencing.model.node_pipe import NodePipeline
 STREAM_MAXLEN = 100_000
 
 
-def _known_ids(first: int, step: int) -> str:
-    """Lua: `ids` = the event ids in ARGV from `first` on, every `step`th; `known` = the farm's hash
-    (KEYS[1]) at those ids, one HMGET (a call without ids returns an empty list at once)."""
-    return f"""
-local ids = {{}}
-for i = {first}, #ARGV, {step} do
+# Lua: `ids` = the event ids in ARGV (every 5th from the 3rd); `known` = the farm's hash (KEYS[1]) at
+# those ids, one HMGET (a call without ids returns an empty list at once).
+_KNOWN_IDS = """
+local ids = {}
+for i = 3, #ARGV, 5 do
   ids[#ids + 1] = ARGV[i]
 end
 if #ids == 0 then
-  return {{}}
+  return {}
 end
 local known = redis.call('HMGET', KEYS[1], unpack(ids))
 """
@@ -41,7 +40,7 @@ local known = redis.call('HMGET', KEYS[1], unpack(ids))
 # time index, the stream, the index keys, the epoch mark; ARGV after the epoch and the stream's length:
 # (id, JSON, time, fence index position in KEYS, device index position)* (position 0: none).
 # At most LOG_CHUNK events a call (Lua's unpack limit: 8000).
-_ADD_EVENTS = FENCE_PRELUDE + _known_ids(3, 5) + LUA_COLLECT + """
+_ADD_EVENTS = FENCE_PRELUDE + _KNOWN_IDS + LUA_COLLECT + """
 local fields, scores, seen, flags, by = {}, {}, {}, {}, {}
 for j = 1, #ids do
   local id, i = ids[j], 5 * j - 2
@@ -67,17 +66,6 @@ end
 return flags
 """
 LOG_CHUNK = 2000
-
-# Which of a farm's events are not in its log yet (1/0 per id in ARGV[2..]); fenced like _ADD_EVENTS
-# (KEYS[2] = the epoch mark), so a job that lost its lease produces nothing to Kafka either.
-_UNSEEN = FENCE_PRELUDE + _known_ids(2, 1) + """
-local flags = {}
-for j = 1, #ids do
-  flags[j] = known[j] and 0 or 1
-end
-return flags
-"""
-
 
 def public_events(events: list[dict]) -> list[bytes]:
     """Each event as the contract's JSON (the value in Kafka `fence.events`, the logs and webhooks),
@@ -110,53 +98,15 @@ def event_records(events: pa.Table, chunk: int = EVENT_CHUNK):
 
 
 class EventLog:
-    """Each farm's event log in Redis (hash + time index + live stream), written once per event id.
-    The process tasks `add` their own events before the batch commits (the driver produces them to
-    Kafka); the silent scanner `publish`es its events to Kafka and the log."""
+    """Each farm's event log in Redis (hash + time index + live stream), written once per event id,
+    always before Kafka gets the events: the process tasks `add` a batch's events before it commits
+    and the driver produces them after; the silent scanner's sink (Sinks.write_found) adds, then
+    produces."""
 
     def __init__(self, redis):
         self.redis = redis
         self.add_events = redis.register_script(_ADD_EVENTS)
-        self.unseen_events = redis.register_script(_UNSEEN)
-        for script in (_ADD_EVENTS, _UNSEEN):
-            redis.script_load(script)               # on every master: the pipelined EVALSHA needs it
-
-    def publish(self, events: list[dict], producer, epoch: int = 0, publics: list[bytes] | None = None
-                ) -> list[tuple[dict, bytes]]:
-        """Kafka `fence.events` gets each event its farm's log does not hold yet (by time; key = fence
-        id, or the device id for a fence-less event), then the log gets them. Called again with the
-        same events, it finds them logged and produces nothing; a crash between the two produces
-        them again rather than never (consumers drop a repeat by its event_id). Returns the new
-        ones with their public JSON."""
-        if publics is None:
-            publics = public_events(events)
-        fresh = self.unseen(events, epoch)
-        fresh.sort(key=lambda i: (events[i]["ts"], events[i]["event_id"]))
-        ids: set[str] = set()
-        new = []
-        for i in fresh:
-            if events[i]["event_id"] not in ids:          # the same event twice in one call: once
-                ids.add(events[i]["event_id"])
-                new.append((events[i], publics[i]))
-        producer.produce_records(TOPIC_EVENTS, [((e["fence_id"] or e["device_id"]).encode(), public)
-                                                for e, public in new])
-        self.add(events, epoch, publics, returning=False)
-        return new
-
-    def unseen(self, events: list[dict], epoch: int = 0) -> list[int]:
-        """Indexes of the events whose ids their farm's log does not hold (one fenced HMGET per farm
-        and chunk, pipelined per master)."""
-        pipe = NodePipeline(self.redis)
-        chunks: list[list[int]] = []
-        for farm_id, rows in _by_farm(events).items():
-            for start in range(0, len(rows), LOG_CHUNK):
-                chunk = rows[start:start + LOG_CHUNK]
-                pipe.script(self.unseen_events, [keys.event_data(farm_id), epoch_key(keys.events(farm_id))],
-                            [epoch, *[events[i]["event_id"] for i in chunk]])
-                chunks.append(chunk)
-        if not chunks:
-            return []
-        return [i for chunk, flags in zip(chunks, pipe.execute()) for i, flag in zip(chunk, flags) if flag]
+        redis.script_load(_ADD_EVENTS)              # on every master: the pipelined EVALSHA needs it
 
     def add(self, events: list[dict], epoch: int = 0, publics: list[bytes] | None = None,
             returning: bool = True) -> list[tuple[dict, bytes]]:
@@ -245,9 +195,19 @@ class Sinks:
             pipe.command(key, "PEXPIRE", key, 7 * 24 * 3600 * 1000)   # a fenced no-op on a missing key
             pipe.execute()
 
-    def write_once(self, events: list[dict]) -> int:
-        """Events outside any batch (the silent scanner): Kafka, then Redis, get only those new to
-        Redis (produced first: a crash in between repeats one, never loses one)."""
-        new = self.log.publish(events, self.producer, self.epoch)
+    def write_found(self, events: list[dict]) -> int:
+        """Events outside any batch (the silent scanner), in the order a batch's take: into their farms'
+        logs (each id once, fenced by the epoch), then to Kafka `fence.events` by time — every one of
+        them, new to the log or not. The scanner forgets a device only after this returns, so an event
+        it finds again was never known to be produced: a crash in between produces it again (consumers
+        drop a repeat by its event_id), never loses it. Returns how many were new to the logs."""
+        publics = public_events(events)
+        new = self.log.add(events, self.epoch, publics)      # FENCED raises here: nothing produced
         notify.live_changed(self.redis, {e["farm_id"] for e, _ in new})   # live streams read them now
+        once: dict[str, int] = {}           # the same event twice in one call: produced once
+        for i, event in enumerate(events):
+            once.setdefault(event["event_id"], i)
+        order = sorted(once.values(), key=lambda i: (events[i]["ts"], events[i]["event_id"]))
+        self.producer.produce_records(TOPIC_EVENTS, [((events[i]["fence_id"] or events[i]["device_id"]).encode(),
+                                                      publics[i]) for i in order])
         return len(new)

@@ -25,61 +25,79 @@ def test_events_land_once_when_a_master_lost_its_scripts(stack, failing):
     sinks = Sinks(redis, KafkaWriter(stack.settings.kafka_bootstrap))
     farms = [f"sinkfarm-{secrets.token_hex(4)}" for _ in range(40)]     # spread over every master
     first = _events(farms[:20], 3)
-    assert sinks.write_once(first) == len(first)
+    assert sinks.write_found(first) == len(first)
 
     primaries = sorted(redis.get_primaries(), key=lambda n: n.port)
     for node in primaries if failing == "all" else [primaries[failing]]:
         node.redis_connection.script_flush()        # its pipelined EVALSHA now fails with NOSCRIPT
     second = _events(farms, 3)                      # half already written, half new
-    assert sinks.write_once(second) == len(second) - len(first)     # only the new ones count as new
+    assert sinks.write_found(second) == len(second) - len(first)     # only the new ones count as new
     for farm in farms:
         assert redis.hlen(keys.event_data(farm)) == 3 and redis.zcard(keys.events(farm)) == 3
-    assert sinks.write_once(second) == 0            # a replay adds nothing
+    assert sinks.write_found(second) == 0            # a replay adds nothing
 
 
 class _Recording:
-    """The real producer (the test stack's broker), noting what it was asked to produce."""
+    """The real producer (the test stack's broker), noting what it was asked to produce and whether
+    each event was in its farm's log at that moment (the one order: the log, then Kafka)."""
 
-    def __init__(self, bootstrap: str):
+    def __init__(self, bootstrap: str, redis):
+        import orjson
         from ingest.producer import KafkaWriter
-        self.writer, self.records = KafkaWriter(bootstrap), []
+        self.writer, self.redis, self.loads, self.records = KafkaWriter(bootstrap), redis, orjson.loads, []
+        self.logged_first: list[bool] = []
 
     def produce_records(self, topic, records):
         records = list(records)
         self.records += [(topic, key, value) for key, value in records]
+        for _, value in records:
+            event = self.loads(value)
+            self.logged_first.append(bool(self.redis.hexists(keys.event_data(event["farm_id"]), event["event_id"])))
         return self.writer.produce_records(topic, records)
 
 
-def test_publish_sends_each_new_event_to_kafka_once_by_time_then_logs_it(stack):
+def _produced_ids(producer: _Recording) -> list[str]:
     import orjson
-    from fencing.stream.sinks import event_log
+    return [orjson.loads(v)["event_id"] for _, _, v in producer.records]
+
+
+def test_found_events_go_into_the_log_then_to_kafka_by_time(stack):
     redis = stack.redis
-    producer = _Recording(stack.settings.kafka_bootstrap)
+    producer = _Recording(stack.settings.kafka_bootstrap, redis)
+    sinks = Sinks(redis, producer)
     farm = f"pubfarm-{secrets.token_hex(4)}"
     events = _events([farm], 4)[::-1]                      # newest first: Kafka gets them by time
     events[1]["fence_id"] = ""                             # a fence-less event is keyed by its device
-    log = event_log(redis)
-    assert len(log.publish(events + events[:1], producer)) == 4      # the same event twice: once
-    assert [orjson.loads(v)["event_id"] for _, _, v in producer.records] == [f"ev-{farm}-{i}" for i in range(4)]
+    assert sinks.write_found(events + events[:1]) == 4     # the same event twice: once
+    assert _produced_ids(producer) == [f"ev-{farm}-{i}" for i in range(4)]
+    assert producer.logged_first == [True] * 4             # each one was in the log before Kafka got it
     assert {t for t, _, _ in producer.records} == {"fence.events"}
     assert [k for _, k, _ in producer.records] == [b"f-1", b"f-1", b"cow-2", b"f-1"]
     assert redis.hlen(keys.event_data(farm)) == 4 and redis.xlen(keys.event_stream(farm)) == 4
-    more = _events([farm], 6)                              # 4 logged already, 2 new
+
+
+def test_events_found_again_are_logged_once_and_produced_again(stack):
+    """The scanner forgets a device only after its sink returned: finding an event again means the
+    sink may not have produced it (a crash after the log), so Kafka gets it again (consumers drop a
+    repeat by event_id); the log and its live stream never hold it twice."""
+    redis = stack.redis
+    producer = _Recording(stack.settings.kafka_bootstrap, redis)
+    sinks = Sinks(redis, producer)
+    farm = f"againfarm-{secrets.token_hex(4)}"
+    sinks.redis.hset(keys.event_data(farm), "ev-x", "{}")   # another event of the farm, logged before
+    assert sinks.write_found(_events([farm], 2)) == 2
     producer.records.clear()
-    assert [e["event_id"] for e, _ in log.publish(more, producer)] == [f"ev-{farm}-4", f"ev-{farm}-5"]
-    assert [orjson.loads(v)["event_id"] for _, _, v in producer.records] == [f"ev-{farm}-4", f"ev-{farm}-5"]
-    producer.records.clear()
-    assert log.publish(more, producer) == [] and producer.records == []      # a replay sends nothing
+    assert sinks.write_found(_events([farm], 3)) == 1       # 2 logged already, 1 new
+    assert _produced_ids(producer) == [f"ev-{farm}-{i}" for i in range(3)]
+    assert redis.hlen(keys.event_data(farm)) == 4 and redis.xlen(keys.event_stream(farm)) == 3
 
 
 def test_a_job_with_an_older_epoch_publishes_nothing(stack):
-    from fencing.stream.sinks import event_log
     redis = stack.redis
-    producer = _Recording(stack.settings.kafka_bootstrap)
+    producer = _Recording(stack.settings.kafka_bootstrap, redis)
     farm = f"epochfarm-{secrets.token_hex(4)}"
-    log = event_log(redis)
-    assert len(log.publish(_events([farm], 2), producer, epoch=7)) == 2
+    assert Sinks(redis, producer, epoch=7).write_found(_events([farm], 2)) == 2
     producer.records.clear()
     with pytest.raises(Exception, match="FENCED"):
-        log.publish(_events([farm], 3), producer, epoch=3)      # a newer job (epoch 7) wrote here
+        Sinks(redis, producer, epoch=3).write_found(_events([farm], 3))   # a newer job (epoch 7) wrote here
     assert producer.records == [] and redis.hlen(keys.event_data(farm)) == 2
