@@ -12,7 +12,7 @@ from fencing.stream import standby_priority
 SCRIPT = r"""
 import os, subprocess, sys, threading, time
 from fencing.stream import standby_priority as sp
-at_start = sp.session_niceness()          # None where this session has no autogroup (a cpu cgroup, no autogroup)
+at_start = sp.session_niceness()          # None: no autogroup for the new session (a cpu cgroup, or none at all)
 assert sp.lower(10)
 worker = threading.Thread(target=time.sleep, args=(30,), daemon=True)     # a thread started while standing by
 worker.start()
