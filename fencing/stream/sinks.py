@@ -196,11 +196,12 @@ class Sinks:
             pipe.execute()
 
     def write_found(self, events: list[dict]) -> int:
-        """Events outside any batch (the silent scanner), in the order a batch's take: into their farms'
-        logs (each id once, fenced by the epoch), then to Kafka `fence.events` by time — every one of
-        them, new to the log or not. The scanner forgets a device only after this returns, so an event
-        it finds again was never known to be produced: a crash in between produces it again (consumers
-        drop a repeat by its event_id), never loses it. Returns how many were new to the logs."""
+        """Events outside any batch (the silent scanner), in the order a batch's events take: into
+        their farms' logs (each id once, fenced by the epoch), then to Kafka `fence.events` by time —
+        every one of them, new to the log or not. The scanner forgets a device only after this
+        returns, so an event it finds again was never known to be produced: a crash in between
+        produces it again (consumers drop a repeat by its event_id), never loses it. Returns how many
+        were new to the logs."""
         publics = public_events(events)
         new = self.log.add(events, self.epoch, publics)      # FENCED raises here: nothing produced
         notify.live_changed(self.redis, {e["farm_id"] for e, _ in new})   # live streams read them now
