@@ -155,6 +155,7 @@ class Lease:
         self._presence = None            # this process's named connection to the lease's node
         self._presence_node: tuple[str, int] | None = None
         self._absent: tuple[str | None, int] = (None, 0)    # (holder, polls its presence was missing)
+        self._seen_at: tuple[str, tuple[str, int] | None, str] | None = None   # (holder, node, its client id)
 
     def try_acquire(self) -> int:
         """The new epoch if this call took the lease, else 0."""
@@ -245,7 +246,7 @@ class Lease:
             self._absent = (None, 0)
             return None
         try:
-            present = any(c.get("name") == PRESENCE_PREFIX + holder for c in self._presence.client_list())
+            present = self._present(holder)
         except Exception:  # noqa: BLE001 - cannot tell: the TTL decides
             self._absent = (None, 0)
             return None
@@ -255,6 +256,23 @@ class Lease:
             return None
         log.warning("lease: the holder %s has no connection left (its process died): taking over", holder)
         return holder
+
+    def _present(self, holder: str) -> bool:
+        """Whether the holder's presence connection is open on the lease's node. Once found in the
+        node's client list, it is looked up by its client id (CLIENT LIST ID: one entry, whatever the
+        number of clients); the whole list is read again only when that id no longer answers with the
+        holder's name (a reconnect gives a new id; a dead holder has none)."""
+        name = PRESENCE_PREFIX + holder
+        seen = self._seen_at
+        if seen is not None and seen[:2] == (holder, self._presence_node):
+            if any(c.get("name") == name for c in self._presence.client_list(client_id=[seen[2]])):
+                return True
+        self._seen_at = None
+        for c in self._presence.client_list():
+            if c.get("name") == name:
+                self._seen_at = (holder, self._presence_node, c["id"])
+                return True
+        return False
 
     def release(self) -> None:
         self._stop.set()

@@ -200,10 +200,12 @@ def test_a_killed_holder_is_replaced_before_its_ttl_a_paused_one_only_after(stac
     stop = threading.Event()
     waiter = threading.Thread(target=lambda: got.append((standby.acquire(stop=stop), time.monotonic())), daemon=True)
     try:
-        time.sleep(0.5)
+        waiter.start()          # standing by: it finds the holder's connection, then checks it by id
+        wait_for(lambda: standby._seen_at is not None, timeout=5, interval=0.05, what="the holder's presence seen")
+        time.sleep(0.3)
+        assert not got
         faulted = time.monotonic()
         os.kill(holder.pid, signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
-        waiter.start()
         waiter.join(ttl_ms / 1000 + 5)
         assert got and got[0][0] == 2, "the standby never took the lease"
         waited = got[0][1] - faulted
