@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 
+import orjson
 import pytest
 
 from fencing.model import keys
@@ -42,22 +43,20 @@ class _Recording:
     each event was in its farm's log at that moment (the one order: the log, then Kafka)."""
 
     def __init__(self, bootstrap: str, redis):
-        import orjson
         from ingest.producer import KafkaWriter
-        self.writer, self.redis, self.loads, self.records = KafkaWriter(bootstrap), redis, orjson.loads, []
+        self.writer, self.redis, self.records = KafkaWriter(bootstrap), redis, []
         self.logged_first: list[bool] = []
 
     def produce_records(self, topic, records):
         records = list(records)
         self.records += [(topic, key, value) for key, value in records]
         for _, value in records:
-            event = self.loads(value)
+            event = orjson.loads(value)
             self.logged_first.append(bool(self.redis.hexists(keys.event_data(event["farm_id"]), event["event_id"])))
         return self.writer.produce_records(topic, records)
 
 
 def _produced_ids(producer: _Recording) -> list[str]:
-    import orjson
     return [orjson.loads(v)["event_id"] for _, _, v in producer.records]
 
 
