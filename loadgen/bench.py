@@ -392,6 +392,8 @@ def main(argv: list[str]) -> int:
                    add_help=False)
     sub.add_parser("core", help="the process stage's computing core per step, no stack (loadgen/bench_core.py)",
                    add_help=False)
+    sub.add_parser("stage", help="the process stage per step against a stack's Redis Cluster, CPU per device "
+                                 "and batch (loadgen/bench_stage.py)", add_help=False)
     rp = sub.add_parser("report", help="write docs/benchmarks.md from the JSON results under docs/")
     rp.add_argument("--docs", default=str(DOCS))
     if argv and argv[0] == "devices":
@@ -400,6 +402,9 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "core":
         from loadgen import bench_core
         return bench_core.main(argv[1:])
+    if argv and argv[0] == "stage":
+        from loadgen import bench_stage
+        return bench_stage.main(argv[1:])
     if argv and argv[0] == "ab":
         from loadgen import bench_ab
         return bench_ab.main(argv[1:])

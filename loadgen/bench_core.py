@@ -135,25 +135,40 @@ def run(fences: int, points: int, devices: int, batches: int = 4, seed: int = 0)
             "unexpected": rec.get("unexpected", 0)}
 
 
-def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="herdfence bench core", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--fences", type=int, default=10_000)
-    p.add_argument("--points", type=int, default=1_000_000)
+def parser(prog: str, doc: str, fences: int, points: int, batches: int) -> argparse.ArgumentParser:
+    """The options `bench core` and `bench stage` share (with their own defaults)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--fences", type=int, default=fences)
+    p.add_argument("--points", type=int, default=points)
     p.add_argument("--devices", type=int, default=10_000)
-    p.add_argument("--batches", type=int, default=4, help="micro-batches the points are cut into (the first warms up)")
+    p.add_argument("--batches", type=int, default=batches, help="micro-batches the points are cut into (the first warms up)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="FILE")
+    return p
+
+
+def parse(p: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.batches < 2:
         p.error("--batches must be at least 2: the first one only warms up")
+    return args
+
+
+def finish(out: dict, command: str, json_path: str | None) -> int:
+    """Stamp the result (time, machine, command), write it to `json_path` and print it; the exit code
+    says whether every event was reconciled."""
     from loadgen.bench_stack import machine
-    out = run(args.fences, args.points, args.devices, args.batches, args.seed)
     out["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     out["machine"] = machine()
-    out["command"] = " ".join(["herdfence", "bench", "core", *argv])
-    if args.json:
-        with open(args.json, "w") as f:
+    out["command"] = command
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(out, f, indent=1)
     print(json.dumps(out, indent=1))
     return 0 if not out["lost"] and not out["duplicated"] else 1
+
+
+def main(argv: list[str]) -> int:
+    args = parse(parser("herdfence bench core", __doc__, 10_000, 1_000_000, 4), argv)
+    out = run(args.fences, args.points, args.devices, args.batches, args.seed)
+    return finish(out, " ".join(["herdfence", "bench", "core", *argv]), args.json)

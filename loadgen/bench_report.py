@@ -418,6 +418,34 @@ def _ab(runs: list[tuple[Path, dict]]) -> list[str]:
     return lines
 
 
+STAGE_STEPS = ("refresh", "match", "read_state", "advance", "write", "events")
+
+
+def _stage(runs: list[tuple[Path, dict]]) -> list[str]:
+    """`herdfence bench stage`: the process stage per step against a stack's Redis, CPU per device-batch."""
+    if not runs:
+        return []
+    lines = ["## The process stage with its Redis reads and writes, per device and batch", "",
+             "`herdfence bench stage` (loadgen/bench_stage.py): a simulated herd loaded into a stack, its reports "
+             "cut into micro-batches and run through the process task's own code in one process, against the "
+             "stack's Redis Cluster; the first batch warms up and is not counted. CPU µs of the task's thread per "
+             "device and batch, by step (at a paced rate every batch touches every device, so this is most of a "
+             "batch); events reconciled with the oracle.", "",
+             "| fences | points | devices | batches | " + " | ".join(STAGE_STEPS) + " | CPU µs per device-batch "
+             "| events made | lost | duplicated |",
+             "|---|---|---|---|" + "---|" * len(STAGE_STEPS) + "---|---|---|---|"]
+    for _, r in runs:
+        cpu = r.get("cpu_us_per_device_batch") or {}
+        lines.append(f"| {_fmt(r.get('fences'))} | {_fmt(r.get('points'))} | {_fmt(r.get('devices'))} | "
+                     f"{r.get('batches')} | " + " | ".join(_fmt(cpu.get(s), 1) for s in STAGE_STEPS)
+                     + f" | {_fmt(r.get('cpu_us_per_device_batch_total'), 1)} | {_fmt(r.get('events'))} | "
+                     f"{r.get('lost')} | {r.get('duplicated')} |")
+    lines.append("")
+    for p, r in runs:
+        lines += _provenance(p, r)
+    return lines
+
+
 def write_report(docs: Path) -> Path:
     pushes, pulls = _load(docs, "push"), _load(docs, "pull")
     lines = ["# herdfence benchmarks", "",
@@ -430,6 +458,7 @@ def write_report(docs: Path) -> Path:
     lines += _push(pushes)
     lines += _pull(pulls)
     lines += _core(_load_one(docs, "bench-core*.json"))
+    lines += _stage(_load_one(docs, "bench-stage*.json"))
     lines += _failover(_load_one(docs, "bench-failover*.json"))
     lines += _devices(_load_one(docs, "bench-devices.json"))
     lines += _fences(_load_one(docs, "bench-fences.json"))

@@ -64,9 +64,11 @@ def bench_stack(private_ports: dict[str, str] | None = None, keep: bool = False)
         yield BenchStack(settings, dict(os.environ), private=False)
         return
     home = Path(tempfile.mkdtemp(prefix="herdfence-bench-"))
+    # the caller's own stack settings stay out, except the job settings a benchmark compares
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("HERDFENCE_") or k in ("HERDFENCE_TRIGGER", "HERDFENCE_MAX_OFFSETS_PER_TRIGGER",
-                                                     "HERDFENCE_JOB_STANDBY", "HERDFENCE_BROKER_KEEP_SECONDS")}
+                                                     "HERDFENCE_SINGLE_TASK_RECORDS", "HERDFENCE_JOB_STANDBY",
+                                                     "HERDFENCE_BROKER_KEEP_SECONDS")}
     env.update(private_ports or PRIVATE_PORTS, HERDFENCE_HOME=str(home))
     if not keep:    # the private stack stops by itself if this process dies (killed, OOM) before it stops it
         env["HERDFENCE_OWNER_PID"] = str(os.getpid())

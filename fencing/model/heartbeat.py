@@ -39,6 +39,7 @@ class PartitionStats:
     worker_pid: int = 0                   # the Python worker that ran it (which pool a stage meets)
     groups: dict[str, float] = field(default_factory=dict)         # points per cell group
     stage_s: dict[str, float] = field(default_factory=dict)        # seconds per step of the task
+    stage_cpu_s: dict[str, float] = field(default_factory=dict)    # ... of its thread's CPU (the rest: waiting)
     # the loads the elastic controller plans by, and its reconfiguration steps (fencing.stream.process)
     route_groups: dict[str, float] = field(default_factory=dict)   # points per group as routed
     children: dict[str, dict[str, float]] = field(default_factory=dict)   # per split group: per child

@@ -153,8 +153,9 @@ def device_chunks(reports: pa.Table, limit: int = DEVICE_CHUNK) -> list[pa.Table
 def _merged(a: PartitionStats, b: PartitionStats) -> PartitionStats:
     groups = Counter(a.groups)
     groups.update(b.groups)
-    stage = Counter(a.stage_s)
+    stage, stage_cpu = Counter(a.stage_s), Counter(a.stage_cpu_s)
     stage.update(b.stage_s)
+    stage_cpu.update(b.stage_cpu_s)
     route_groups = Counter(a.route_groups)
     route_groups.update(b.route_groups)
     children = {g: dict(c) for g, c in a.children.items()}
@@ -166,6 +167,7 @@ def _merged(a: PartitionStats, b: PartitionStats) -> PartitionStats:
                           events=a.events + b.events, redis_local=a.redis_local + b.redis_local,
                           redis_cross=a.redis_cross + b.redis_cross, fences_cached=b.fences_cached,
                           groups=dict(groups), stage_s={k: round(v, 4) for k, v in stage.items()},
+                          stage_cpu_s={k: round(v, 4) for k, v in stage_cpu.items()},
                           route_groups=dict(route_groups), children=children)
 
 
@@ -216,7 +218,7 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     group_points = Counter(batch.grp.tolist())
     stats = PartitionStats(partition, points=len(batch), devices=len(devices.dkeys), groups=dict(group_points),
                            redis_local=counter.local, redis_cross=counter.cross, fences_cached=len(cache),
-                           stage_s=clock.laps)
+                           stage_s=clock.laps, stage_cpu_s=clock.cpu)
     if ctx.elastic:
         stats.children, stats.route_groups = routed_loads(devices.dkeys, devices.homes, ends - bounds)
     return events, publics, stats
@@ -235,16 +237,19 @@ def routed_loads(dkeys: list[str], homes: list[str], counts: np.ndarray
 
 
 class _Stopwatch:
-    """Seconds spent per step of the task (reported in the stats row: where a batch's time goes)."""
+    """Seconds spent per step of the task (reported in the stats row: where a batch's time goes), on
+    the wall clock and in the task thread's CPU time: the difference is waiting, on Redis or for a core."""
 
     def __init__(self) -> None:
         self.laps: dict[str, float] = {}
-        self._last = time.perf_counter()
+        self.cpu: dict[str, float] = {}
+        self._last, self._last_cpu = time.perf_counter(), time.thread_time()
 
     def lap(self, name: str) -> None:
-        now = time.perf_counter()
+        now, now_cpu = time.perf_counter(), time.thread_time()
         self.laps[name] = round(self.laps.get(name, 0.0) + now - self._last, 4)
-        self._last = now
+        self.cpu[name] = round(self.cpu.get(name, 0.0) + now_cpu - self._last_cpu, 4)
+        self._last, self._last_cpu = now, now_cpu
 
 
 @dataclass

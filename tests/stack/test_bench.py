@@ -108,3 +108,23 @@ def test_report_shows_flood_paced_and_sparse_runs(tmp_path):
     assert "| 1,000 | dense | flood | 9,000 |" in text and "| dense | 2,000/s | 2,000 |" in text
     assert "| 1,000 | sparse | flood | 7,000 |" in text and "1,000 points, sparse collars" in text
     assert "paced at 2,000 reports/s (100 fences): event p50 800 ms, p99 1,700 ms" in text
+
+
+def test_stage_bench_times_each_step_in_cpu_against_the_stacks_redis_and_gets_the_oracles_events(stack, tmp_path):
+    from loadgen.bench_report import STAGE_STEPS, write_report
+    out = tmp_path / "bench-stage-small.json"
+    stack.cli("bench", "stage", "--fences", "300", "--points", "12000", "--devices", "300", "--batches", "3",
+              "--json", str(out), timeout=600)
+    result = json.loads(out.read_text())
+    assert result["stack"]["kind"] == "running"          # the session's stack: its Redis Cluster, its job's epoch
+    assert result["events"] > 0
+    assert (result["lost"], result["duplicated"], result["unexpected"]) == (0, 0, 0)
+    assert result["points_counted"] == 8000              # the first of three batches only warms up
+    assert 0 < result["device_batches_counted"] <= 2 * 300
+    cpu, wall = result["cpu_us_per_device_batch"], result["wall_us_per_device_batch"]
+    assert set(cpu) == set(wall) == set(STAGE_STEPS)
+    for step in ("read_state", "advance", "write"):      # a thread's CPU time is at most its wall time
+        assert 0 < cpu[step] <= wall[step] * 1.05 + 1, (step, cpu, wall)
+    assert result["cpu_us_per_device_batch_total"] == pytest.approx(sum(cpu.values()), abs=0.1)
+    report = write_report(tmp_path).read_text()
+    assert "## The process stage with its Redis reads and writes" in report and "| 300 | 12,000 | 300 | 3 |" in report

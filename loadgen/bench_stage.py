@@ -1,0 +1,100 @@
+"""`herdfence bench stage`: the process stage as a task runs it, against a real Redis Cluster, in CPU
+time per device and batch.
+
+`herdfence bench core` times the computing core alone. A process task also reads every device's state
+from Redis and writes its state, position, indexes and events back (fencing/stream/process.py), and
+when every batch touches every device (a paced stream: a batch every second or two, each collar in
+each) those per-device steps are most of a batch's cost. This loads a simulated herd's farms, fences
+and devices into a stack (the running one when healthy, else a private one, as `bench push` does),
+then runs the task's own `_process_reports` batch after batch in this process, and reports each step's
+CPU time of this thread per device-batch: Redis works on another core, so the wall clock would mix in
+its time and the machine's other load. The first batch (fence cache load, every device new) warms up
+and is not counted. The events are reconciled with the oracle (loadgen.reference).
+
+    herdfence bench stage --fences 100000 --points 200000 --devices 10000 [--batches 5] [--json FILE]
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+
+def stage_table(sim, loaded, lo: int, hi: int) -> pa.Table:
+    """Reports lo:hi of the simulation as the process stage receives them (fencing.stream.rows
+    STAGE_REPORT, arrival order), under the farms and device ids the stack knows them by."""
+    from fencing.model.geometry import group_names
+    from fencing.model.h3util import cells_for_points
+    from fencing.model.keys import FENCE_RES
+    part = sim.reports.iloc[lo:hi]
+    lat, lon = part["lat"].to_numpy(np.float64), part["lon"].to_numpy(np.float64)
+    cells = cells_for_points(lat, lon, FENCE_RES)
+    names, code = group_names(cells)
+    devices = part["device_id"].astype(str).tolist()
+    return pa.table({
+        "farm_id": pa.array([loaded.farm_of[sim.device_farm[d]] for d in devices], pa.string()),
+        "device_id": pa.array([loaded.device_prefix + d for d in devices], pa.string()),
+        "ts": pa.array(part["ts"].to_numpy(np.int64)), "lat": pa.array(lat), "lon": pa.array(lon),
+        "battery": pa.array(part["battery"].to_numpy(np.float64)), "cell": pa.array(cells.view(np.int64)),
+        "accuracy_m": pa.nulls(len(part), pa.float64()), "grp": pa.array(names[code], pa.string())})
+
+
+def run(fences: int, points: int, devices: int, batches: int = 5, seed: int = 0, progress: bool = True) -> dict:
+    from fencing.model.lease import EPOCH_KEY
+    from fencing.stream import process, routing, worker_gc
+    from fencing.stream.silent import SEEN_STEP_MS
+    from loadgen.bench_load import load_simulation
+    from loadgen.bench_stack import bench_stack, say
+    from loadgen.herd import SimConfig, simulate
+    from loadgen.reference import expected_events
+    from loadgen.truth import reconcile
+
+    sim = simulate(SimConfig.for_totals(fences, points, devices, seed=seed))
+    cpu: Counter = Counter()
+    wall: Counter = Counter()
+    events: list = []
+    counted = device_batches = 0
+    with bench_stack() as stack:
+        redis = stack.redis
+        loaded = load_simulation(redis, sim, progress=progress)
+        host, port = stack.settings.redis_node
+        run_id = f"stage-{loaded.tag}"
+        edges = np.linspace(0, len(sim.reports), batches + 1).astype(int)
+        say(f"{batches} batches of ~{edges[1]:,} reports through the process stage, on one core")
+        for b, (lo, hi) in enumerate(zip(edges[:-1].tolist(), edges[1:].tolist())):
+            table = stage_table(sim, loaded, lo, hi)
+            # the stack's job holds the lease: these writes are fenced by its epoch, as its tasks' are
+            ctx = process.ProcessContext(b, host, port, routing.load(redis), frozenset(), "", run_id, SEEN_STEP_MS,
+                                         int(redis.get(EPOCH_KEY) or 0))
+            with worker_gc.collector_paused():
+                found, _, stats = process._process_reports(ctx, 0, table)
+            events += found
+            if b:                               # the first batch warms up
+                cpu.update(stats.stage_cpu_s)
+                wall.update(stats.stage_s)
+                counted += hi - lo
+                device_batches += stats.devices
+        kind = stack.describe()
+    real_fence = loaded.fence_sim
+    prefix = len(loaded.device_prefix)
+    observed = pd.DataFrame([(e.device_id[prefix:], real_fence[(e.farm_id, e.fence_id)], e.type, e.ts) for e in events],
+                            columns=["device_id", "fence_id", "type", "ts"])
+    rec = reconcile(expected_events(sim.reports, sim.fences, sim.device_farm), observed)
+    per_device = {step: round(cpu[step] / device_batches * 1e6, 2) for step in cpu} if device_batches else {}
+    return {"fences": fences, "points": points, "devices": devices, "batches": batches,
+            "points_counted": counted, "device_batches_counted": device_batches,
+            "cpu_us_per_device_batch": per_device,
+            "cpu_us_per_device_batch_total": round(sum(per_device.values()), 2),
+            "wall_us_per_device_batch": {step: round(wall[step] / device_batches * 1e6, 2) for step in wall}
+            if device_batches else {},
+            "events": len(events), "lost": rec["lost"], "duplicated": rec["duplicated"],
+            "unexpected": rec.get("unexpected", 0), "stack": kind}
+
+
+def main(argv: list[str]) -> int:
+    from loadgen.bench_core import finish, parse, parser
+    args = parse(parser("herdfence bench stage", __doc__, 100_000, 200_000, 5), argv)
+    out = run(args.fences, args.points, args.devices, args.batches, args.seed)
+    return finish(out, " ".join(["herdfence", "bench", "stage", *argv]), args.json)
