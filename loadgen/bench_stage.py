@@ -23,22 +23,15 @@ import pyarrow as pa
 
 
 def stage_table(sim, loaded, lo: int, hi: int) -> pa.Table:
-    """Reports lo:hi of the simulation as the process stage receives them (fencing.stream.rows
-    STAGE_REPORT, arrival order), under the farms and device ids the stack knows them by."""
-    from fencing.model.geometry import group_names
-    from fencing.model.h3util import cells_for_points
-    from fencing.model.keys import FENCE_RES
+    """Reports lo:hi of the simulation as the process stage receives them (bench_core.reports_table
+    with the device id), under the farms and device ids the stack knows them by."""
+    from loadgen.bench_core import reports_table
     part = sim.reports.iloc[lo:hi]
-    lat, lon = part["lat"].to_numpy(np.float64), part["lon"].to_numpy(np.float64)
-    cells = cells_for_points(lat, lon, FENCE_RES)
-    names, code = group_names(cells)
-    devices = part["device_id"].astype(str).tolist()
-    return pa.table({
-        "farm_id": pa.array([loaded.farm_of[sim.device_farm[d]] for d in devices], pa.string()),
-        "device_id": pa.array([loaded.device_prefix + d for d in devices], pa.string()),
-        "ts": pa.array(part["ts"].to_numpy(np.int64)), "lat": pa.array(lat), "lon": pa.array(lon),
-        "battery": pa.array(part["battery"].to_numpy(np.float64)), "cell": pa.array(cells.view(np.int64)),
-        "accuracy_m": pa.nulls(len(part), pa.float64()), "grp": pa.array(names[code], pa.string())})
+    devices = [loaded.device_prefix + d for d in part["device_id"].astype(str).tolist()]
+    farms = [loaded.farm_of[sim.device_farm[d[len(loaded.device_prefix):]]] for d in devices]
+    table = reports_table([f"{f}/{d}" for f, d in zip(farms, devices)], part["ts"].to_numpy(np.int64),
+                          part["lat"].to_numpy(), part["lon"].to_numpy(), part["battery"].to_numpy(), [None] * len(part))
+    return table.append_column("device_id", pa.array(devices, pa.string()))
 
 
 def run(fences: int, points: int, devices: int, batches: int = 5, seed: int = 0, progress: bool = True) -> dict:
