@@ -80,15 +80,40 @@ end
 FENCED_COMMAND = _MARK_FIRST + """
 return redis.call(ARGV[2], KEYS[2], unpack(ARGV, 3))
 """
-# Several writes into one hash slot, checked once (NodePipeline groups a batch's fenced writes by slot):
-# KEYS[2..] the written keys; after ARGV[1], per key: its argument count n, the command and its n
-# arguments after the key. Each write's answer (or error) in turn.
-FENCED_SLOT = _MARK_FIRST + """
-local out, a = {}, 2
-for k = 2, #KEYS do
-  local n = tonumber(ARGV[a])
-  out[k - 1] = redis.pcall(ARGV[a + 1], KEYS[k], unpack(ARGV, a + 2, a + 1 + n))
-  a = a + 2 + n
+# Every fenced write of one batch to one master, in one call (NodePipeline groups them per node): the
+# slots' writes in turn, each slot checked once against its mark. The flag lets the script reach keys
+# of several slots of its node; only the first mark is declared, so that the call is routed to the
+# node that holds it (a key this node does not serve fails alone, as its own error). ARGV[1] = the
+# writer's epoch; then per slot: its mark, its write count, and per write: its argument count n, the
+# command, the key and its n arguments after the key. Each write's answer (or error) in turn; a refused
+# slot answers FENCED for each of its writes.
+FENCED_NODE = """#!lua flags=allow-cross-slot-keys
+local mine = tonumber(ARGV[1])
+local out, a, last = {}, 2, #ARGV
+while a <= last do
+  local mark, writes = ARGV[a], tonumber(ARGV[a + 1])
+  a = a + 2
+  local refused = false
+  local got = redis.pcall('GET', mark)
+  if type(got) == 'table' and got.err then
+    refused = got
+  else
+    local have = tonumber(got or '0')
+    if have > mine then
+      refused = redis.error_reply('FENCED epoch ' .. mine .. ' is older than ' .. have)
+    elseif have < mine then
+      redis.call('SET', mark, ARGV[1])
+    end
+  end
+  for _ = 1, writes do
+    local n = tonumber(ARGV[a])
+    if refused then
+      out[#out + 1] = refused
+    else
+      out[#out + 1] = redis.pcall(ARGV[a + 1], ARGV[a + 2], unpack(ARGV, a + 3, a + 2 + n))
+    end
+    a = a + 3 + n
+  end
 end
 return out
 """

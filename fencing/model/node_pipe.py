@@ -10,6 +10,10 @@ master (slot moved during a migration, failover, NOSCRIPT) is
 made again on its own through the cluster client, which follows redirects; the answers of the ones
 that succeeded are kept, so each command's effect and answer is that of exactly one successful run
 (the callers only send commands that may run twice: overwrites, set operations, HSETNX scripts).
+
+Fenced writes (an epoch given) go to each master as one script call for all of its slots
+(fencing.model.lease FENCED_NODE): a batch writes a few keys per farm into thousands of farm slots,
+and a script call per slot cost the master ~25 µs each on top of its writes.
 """
 from __future__ import annotations
 
@@ -91,8 +95,8 @@ def _receive(node, conn, commands: list[tuple]) -> list:  # noqa: ANN001 - redis
 _WRITES = frozenset(("HSET", "HDEL", "SADD", "SREM", "ZADD", "ZREM", "SET", "DEL", "LPUSH", "LTRIM", "XADD",
                      "EXPIRE", "PEXPIRE", "INCR", "INCRBY", "HINCRBY"))
 _FENCED_SCRIPTS: dict[tuple[int, str], object] = {}
-_MARKS: dict[str, str] = {}         # key → the epoch mark of its slot (keys repeat batch after batch)
-SLOT_GROUP_ARGS = 100_000           # arguments per slot-grouped script call at most (bounded request size)
+_MARKS: dict[str, tuple[str, int]] = {}   # key → its slot's epoch mark, and the slot (keys repeat batch after batch)
+GROUP_ARGS = 20_000     # arguments per node-grouped script call at most: a script holds its master (~30 ms here)
 
 
 def _loaded(redis, source: str):  # noqa: ANN001, ANN202 - RedisCluster, redis Script
@@ -110,31 +114,31 @@ def fenced_script(redis):  # noqa: ANN001, ANN201 - RedisCluster, redis Script
     return _loaded(redis, FENCED_COMMAND)
 
 
-def _mark(key: str) -> str:
-    mark = _MARKS.get(key)
-    if mark is None:
+def _mark(key: str) -> tuple[str, int]:
+    known = _MARKS.get(key)
+    if known is None:
         from fencing.model.lease import epoch_key
         if len(_MARKS) > 100_000:
             _MARKS.clear()
-        mark = _MARKS[key] = epoch_key(key)
-    return mark
+        known = _MARKS[key] = (epoch_key(key), key_slot(key.encode()))
+    return known
 
 
 class NodePipeline:
     """`epoch` > 0: every write is checked against the epoch mark of its slot, atomically with the
     write, and refused (FENCED, raised from `execute`) when a newer active job has written there.
 
-    The fenced writes of one slot are checked together: one script call per slot (fencing.model.lease
-    FENCED_SLOT) runs all of them, in their order, instead of one call per write (a batch writes tens
-    of thousands of keys, most of them in a few slots per farm or group). A command that is not a fenced
-    write and shares a slot with queued writes ends their group: per slot, commands run in queue order."""
+    The fenced writes bound for one master go together: one script call per master (fencing.model.lease
+    FENCED_NODE) runs them slot by slot, each slot's in queue order and checked once, instead of one
+    call per slot or per write (a batch writes tens of thousands of keys, a few per farm). A command
+    that is not a fenced write ends the group of its master: per slot, commands run in queue order."""
 
     def __init__(self, redis, epoch: int = 0) -> None:  # noqa: ANN001 - RedisCluster
         self.redis = redis
         self.epoch = epoch
         self._calls: list[tuple[str, tuple]] = []    # (routing key, command args)
         self._retry: dict[int, object] = {}          # index → how to run it alone (scripts: reload)
-        self._fenced: dict[int, str] = {}            # index → its slot's epoch mark (a fenced write)
+        self._fenced: dict[int, tuple[str, int]] = {}   # index → its slot's epoch mark and the slot (a fenced write)
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -173,28 +177,38 @@ class NodePipeline:
     def hmget(self, key: str, fields: list) -> int:
         return self.command(key, "HMGET", key, *fields)
 
-    def _requests(self, calls: list[tuple[str, tuple]], fenced: dict[int, str]) -> list[_Request]:
-        """What to send: plain calls one by one, fenced writes grouped per slot (a group goes where
-        its first write was queued, and a plain call on the same slot closes it: per slot, queue order)."""
+    def _requests(self, calls: list[tuple[str, tuple]], fenced: dict[int, tuple[str, int]]) -> list[_Request]:
+        """What to send: plain calls one by one, fenced writes grouped per master (a group goes where
+        its first write was queued, and a plain call to its master closes it: per slot, queue order)."""
         if not fenced:
             return [_Request(key, args, [i]) for i, (key, args) in enumerate(calls)]
-        from fencing.model.lease import FENCED_SLOT
-        sha = _loaded(self.redis, FENCED_SLOT).sha
-        out: list[_Request | _SlotGroup] = []
-        open_: dict[str, _SlotGroup] = {}            # mark → its group still taking writes
+        from fencing.model.lease import FENCED_NODE
+        sha = _loaded(self.redis, FENCED_NODE).sha
+        node_names: dict[int, str] = {}
+        get_node = self.redis.nodes_manager.get_node_from_slot
+
+        def node_of(slot: int) -> str:
+            name = node_names.get(slot)
+            if name is None:
+                name = node_names[slot] = get_node(slot).name
+            return name
+        out: list[_Request | _NodeGroup] = []
+        open_: dict[str, _NodeGroup] = {}            # node name → its group still taking writes
         for i, (key, args) in enumerate(calls):
-            mark = fenced.get(i)
-            if mark is None:
+            known = fenced.get(i)
+            if known is None:
                 out.append(_Request(key, args, [i]))
-                if open_:
-                    open_.pop(_mark(key if type(key) is str else key.decode()), None)
+                if open_:        # writes queued after it on its master go after it
+                    open_.pop(node_of(key_slot(key.encode() if type(key) is str else key)), None)
                 continue
-            group = open_.get(mark)
-            if group is None or group.size + len(args) > SLOT_GROUP_ARGS:
-                group = open_[mark] = _SlotGroup(key, mark)
+            mark, slot = known
+            node = node_of(slot)
+            group = open_.get(node)
+            if group is None or group.size + len(args) > GROUP_ARGS:
+                group = open_[node] = _NodeGroup(args[1])     # routed where its writes go
                 out.append(group)
-            group.add(i, args)
-        return [r.request(sha, self.epoch) if type(r) is _SlotGroup else r for r in out]
+            group.add(i, slot, mark, args)
+        return [r.request(sha, self.epoch) if type(r) is _NodeGroup else r for r in out]
 
     def execute(self) -> list:
         calls, retry, fenced = self._calls, self._retry, self._fenced
@@ -212,6 +226,7 @@ class NodePipeline:
             by_node.setdefault(node.name, []).extend(indices)
         answers: list = [None] * len(calls)
         failed: list[int] = []
+        reload = False
         sent = []
         for name, indices in by_node.items():       # every master's share out first, then the replies
             commands = [requests[r].args for r in indices]
@@ -228,16 +243,21 @@ class NodePipeline:
             for r, reply in zip(indices, replies):
                 request = requests[r]
                 if isinstance(reply, Exception):
-                    failed += request.members        # not run (a whole group: FENCED, NOSCRIPT, MOVED)
+                    failed += request.members        # not run (a whole group: NOSCRIPT, MOVED)
+                    if request.grouped and str(reply).startswith("NOSCRIPT"):
+                        reload = True                # a master new since the load (a failover)
                     continue
                 for i, answer in zip(request.members, reply if request.grouped else [reply]):
                     if isinstance(answer, Exception):
                         failed.append(i)
                     else:
                         answers[i] = answer
+        if reload:
+            from fencing.model.lease import FENCED_NODE
+            self.redis.script_load(FENCED_NODE)     # on every master: the next batches group again
         for i in sorted(failed):
             if i in fenced:
-                answers[i] = self._fenced_alone(fenced[i], calls[i][1])
+                answers[i] = self._fenced_alone(fenced[i][0], calls[i][1])
             else:
                 answers[i] = retry[i]() if i in retry else self.redis.execute_command(*calls[i][1])
         return answers
@@ -249,25 +269,30 @@ class _Request:
     key: str
     args: tuple
     members: list[int]
-    grouped: bool = False            # a slot group: its reply holds one answer per member
+    grouped: bool = False            # a node group: its reply holds one answer per member
 
 
 @dataclass
-class _SlotGroup:
-    """Fenced writes into one slot, sent as one FENCED_SLOT call."""
-    key: str
-    mark: str
-    keys: list = field(default_factory=list)
-    argv: list = field(default_factory=list)
-    members: list[int] = field(default_factory=list)
+class _NodeGroup:
+    """Fenced writes bound for one master, sent as one FENCED_NODE call: per slot, in queue order."""
+    key: str                                         # the first write's key: routes the call
+    slots: dict[int, tuple[str, list]] = field(default_factory=dict)   # slot → (its mark, its writes)
     size: int = 0
 
-    def add(self, index: int, args: tuple) -> None:
-        self.keys.append(args[1])
-        self.argv += (len(args) - 2, args[0], *args[2:])
-        self.members.append(index)
-        self.size += len(args)
+    def add(self, index: int, slot: int, mark: str, args: tuple) -> None:
+        entry = self.slots.get(slot)
+        if entry is None:
+            entry = self.slots[slot] = (mark, [])
+        entry[1].append((index, args))
+        self.size += len(args) + 1
 
     def request(self, sha: str, epoch: int) -> _Request:
-        return _Request(self.key, ("EVALSHA", sha, len(self.keys) + 1, self.mark, *self.keys, epoch, *self.argv),
-                        self.members, grouped=True)
+        argv: list = [epoch]
+        members: list[int] = []
+        for mark, writes in self.slots.values():
+            argv += (mark, len(writes))
+            for index, args in writes:
+                argv += (len(args) - 2, *args)
+                members.append(index)
+        first_mark = next(iter(self.slots.values()))[0]
+        return _Request(self.key, ("EVALSHA", sha, 1, first_mark, *argv), members, grouped=True)

@@ -93,6 +93,40 @@ def test_fenced_writes_of_one_slot_run_together_in_queue_order_with_their_own_an
     assert wrong == 1
 
 
+def test_fenced_writes_of_many_slots_go_as_one_call_per_master_and_a_refused_slot_refuses_only_its_own(stack):
+    """A batch's fenced writes into many farms' slots are checked and run by one script call per
+    master; where a newer epoch wrote, that slot's writes are refused (FENCED) and every other slot's
+    land, on the same master too."""
+    redis = stack.redis
+    tag = time.time_ns()
+    farms = [f"leasetest-{tag}-{i}" for i in range(40)]                # spread over every master
+    pos = {farm: f"pos:{{{farm}}}" for farm in farms}
+    seen = {farm: f"lastseen:{{{farm}}}" for farm in farms}
+    first = NodePipeline(redis, epoch=7)
+    for farm in farms:
+        first.hset(pos[farm], {"cow": "v7"})
+        first.command(seen[farm], "ZADD", seen[farm], 7, "cow")
+    masters = {redis.get_node_from_key(pos[farm]).name for farm in farms}
+    requests = first._requests(first._calls, first._fenced)
+    assert len(requests) == len(masters) == len(redis.get_primaries())
+    assert sorted(i for r in requests for i in r.members) == list(range(2 * len(farms)))
+    first.execute()
+    assert all(redis.hget(pos[farm], "cow") == "v7" for farm in farms)
+    taken = farms[5]                                                      # a newer job wrote here
+    newer = NodePipeline(redis, epoch=8)
+    newer.hset(pos[taken], {"cow": "v8"})
+    newer.execute()
+    stale = NodePipeline(redis, epoch=7)
+    for farm in farms:
+        stale.hset(pos[farm], {"cow": "v7b"})
+        stale.command(seen[farm], "ZADD", seen[farm], 9, "cow")
+    with pytest.raises(ResponseError, match="FENCED"):
+        stale.execute()
+    assert redis.hget(pos[taken], "cow") == "v8" and redis.zscore(seen[taken], "cow") == 7
+    others = [farm for farm in farms if farm != taken]
+    assert all(redis.hget(pos[farm], "cow") == "v7b" and redis.zscore(seen[farm], "cow") == 9 for farm in others)
+
+
 def test_fenced_writes_land_once_with_their_answers_when_masters_lost_the_script(stack):
     """A master that lost the fencing script (a failover to a replica that never loaded it) fails the
     pipelined EVALSHA with NOSCRIPT: each such write runs again alone, loading the script, and its
