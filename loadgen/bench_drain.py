@@ -23,8 +23,6 @@ def drain(stack: BenchStack, reports: pd.DataFrame, device_prefix: str, register
           timeout_s: float = 900.0) -> dict:
     """`reports`: the run's reports with simulator device ids; `register(prefix)` registers the
     simulator's devices under `prefix`. Returns the drain's figures, or {"skipped": why}."""
-    from deploy import procs
-    from deploy.stack import JOB, JOB_STANDBY, SUPERVISOR
     from loadgen.kafka_writer import write_reports
 
     if not stack.private:
@@ -33,8 +31,7 @@ def drain(stack: BenchStack, reports: pd.DataFrame, device_prefix: str, register
     backlog = reports.copy()
     backlog["device_id"] = device_prefix + backlog["device_id"].astype(str)
     say("drain: stopping the job, producing the backlog with no job running")
-    procs.stop_many(stack.settings, [SUPERVISOR])
-    procs.stop_many(stack.settings, [JOB, JOB_STANDBY])
+    stack.stop_job()
     produced = write_reports(stack.settings.kafka_bootstrap, backlog, progress=progress)
     redis = stack.redis
     sampler = HeartbeatSampler(redis)

@@ -39,6 +39,14 @@ class BenchStack:
         """`herdfence <args>` against this stack."""
         return _cli(self.env, *args, timeout=timeout)
 
+    def stop_job(self) -> None:
+        """Stop the job processes, and the supervisor first (it would restart them). The lease and its
+        epoch stay in Redis."""
+        from deploy import procs
+        from deploy.stack import JOB, JOB_STANDBY, SUPERVISOR
+        procs.stop_many(self.settings, [SUPERVISOR])
+        procs.stop_many(self.settings, [JOB, JOB_STANDBY])
+
     def describe(self) -> dict:
         s = self.settings
         return {"kind": "private" if self.private else "running", "kafka": s.kafka_bootstrap,
