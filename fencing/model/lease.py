@@ -81,12 +81,14 @@ FENCED_COMMAND = _MARK_FIRST + """
 return redis.call(ARGV[2], KEYS[2], unpack(ARGV, 3))
 """
 # Every fenced write of one batch to one master, in one call (NodePipeline groups them per node): the
-# slots' writes in turn, each slot checked once against its mark. The flag lets the script reach keys
+# writes of each epoch mark (one per hash tag) in turn, each mark checked once. No error stops the
+# script half-way: a mark that cannot be read or raised refuses its own writes, each write answers
+# for itself, so a retry runs only what did not run. The flag lets the script reach keys
 # of several slots of its node; only the first mark is declared, so that the call is routed to the
 # node that holds it (a key this node does not serve fails alone, as its own error). ARGV[1] = the
-# writer's epoch; then per slot: its mark, its write count, and per write: its argument count n, the
+# writer's epoch; then per mark: the mark, its write count, and per write: its argument count n, the
 # command, the key and its n arguments after the key. Each write's answer (or error) in turn; a refused
-# slot answers FENCED for each of its writes.
+# mark answers FENCED for each of its writes.
 FENCED_NODE = """#!lua flags=allow-cross-slot-keys
 local mine = tonumber(ARGV[1])
 local out, a, last = {}, 2, #ARGV
@@ -99,10 +101,15 @@ while a <= last do
     refused = got
   else
     local have = tonumber(got or '0')
-    if have > mine then
+    if have == nil then
+      refused = redis.error_reply('bad epoch mark ' .. mark)
+    elseif have > mine then
       refused = redis.error_reply('FENCED epoch ' .. mine .. ' is older than ' .. have)
     elseif have < mine then
-      redis.call('SET', mark, ARGV[1])
+      local set = redis.pcall('SET', mark, ARGV[1])
+      if type(set) == 'table' and set.err then
+        refused = set
+      end
     end
   end
   for _ = 1, writes do

@@ -207,23 +207,26 @@ class NodePipeline:
             if group is None or group.size + len(args) > GROUP_ARGS:
                 group = open_[node] = _NodeGroup(args[1])     # routed where its writes go
                 out.append(group)
-            group.add(i, slot, mark, args)
+            group.add(i, mark, args)
         return [r.request(sha, self.epoch) if type(r) is _NodeGroup else r for r in out]
 
     def execute(self) -> list:
         calls, retry, fenced = self._calls, self._retry, self._fenced
         self._calls, self._retry, self._fenced = [], {}, {}
         requests = self._requests(calls, fenced)
-        by_slot: dict[int, list[int]] = {}
-        for r, request in enumerate(requests):
-            key = request.key
-            by_slot.setdefault(key_slot(key.encode() if type(key) is str else key), []).append(r)
+        # each master's requests in queue order: a node group holds writes of several slots, so its
+        # place among the master's other requests is its queue position, not its routing slot's
         by_node: dict[str, list[int]] = {}
         nodes = {}
-        for slot, indices in by_slot.items():
-            node = self.redis.nodes_manager.get_node_from_slot(slot)
-            nodes[node.name] = node
-            by_node.setdefault(node.name, []).extend(indices)
+        node_of_slot: dict[int, object] = {}
+        for r, request in enumerate(requests):
+            key = request.key
+            slot = key_slot(key.encode() if type(key) is str else key)
+            node = node_of_slot.get(slot)
+            if node is None:
+                node = node_of_slot[slot] = self.redis.nodes_manager.get_node_from_slot(slot)
+                nodes[node.name] = node
+            by_node.setdefault(node.name, []).append(r)
         answers: list = [None] * len(calls)
         failed: list[int] = []
         reload = False
@@ -254,7 +257,10 @@ class NodePipeline:
                         answers[i] = answer
         if reload:
             from fencing.model.lease import FENCED_NODE
-            self.redis.script_load(FENCED_NODE)     # on every master: the next batches group again
+            try:
+                self.redis.script_load(FENCED_NODE)     # on every master: the next batches group again
+            except (RedisError, OSError):
+                pass                                    # a master still away: the writes go alone below
         for i in sorted(failed):
             if i in fenced:
                 answers[i] = self._fenced_alone(fenced[i][0], calls[i][1])
@@ -274,25 +280,27 @@ class _Request:
 
 @dataclass
 class _NodeGroup:
-    """Fenced writes bound for one master, sent as one FENCED_NODE call: per slot, in queue order."""
+    """Fenced writes bound for one master, sent as one FENCED_NODE call: grouped by their epoch mark
+    (one per hash tag: two tags can share a slot, never a mark), each mark's writes in queue order."""
     key: str                                         # the first write's key: routes the call
-    slots: dict[int, tuple[str, list]] = field(default_factory=dict)   # slot → (its mark, its writes)
+    marks: dict[str, list] = field(default_factory=dict)   # mark → its writes (index, args)
     size: int = 0
 
-    def add(self, index: int, slot: int, mark: str, args: tuple) -> None:
-        entry = self.slots.get(slot)
-        if entry is None:
-            entry = self.slots[slot] = (mark, [])
-        entry[1].append((index, args))
+    def add(self, index: int, mark: str, args: tuple) -> None:
+        writes = self.marks.get(mark)
+        if writes is None:
+            writes = self.marks[mark] = []
+            self.size += 2
+        writes.append((index, args))
         self.size += len(args) + 1
 
     def request(self, sha: str, epoch: int) -> _Request:
         argv: list = [epoch]
         members: list[int] = []
-        for mark, writes in self.slots.values():
+        for mark, writes in self.marks.items():
             argv += (mark, len(writes))
             for index, args in writes:
                 argv += (len(args) - 2, *args)
                 members.append(index)
-        first_mark = next(iter(self.slots.values()))[0]
+        first_mark = next(iter(self.marks))
         return _Request(self.key, ("EVALSHA", sha, 1, first_mark, *argv), members, grouped=True)

@@ -6,8 +6,10 @@ import threading
 import time
 
 import pytest
+from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
+from fencing.model import node_pipe
 from fencing.model.lease import Lease, epoch_key, split_command
 from fencing.model.node_pipe import NodePipeline
 from fencing.stream.sinks import EventLog
@@ -93,16 +95,35 @@ def test_fenced_writes_of_one_slot_run_together_in_queue_order_with_their_own_an
     assert wrong == 1
 
 
-def test_fenced_writes_of_many_slots_go_as_one_call_per_master_and_a_refused_slot_refuses_only_its_own(stack):
+def _same_slot_tag(tag: str, prefix: str) -> str:
+    """A hash tag other than `tag` whose keys share its slot (so its epoch mark shares that slot too)."""
+    slot = key_slot(tag.encode())
+    return next(t for t in (f"{prefix}-{i}" for i in range(1_000_000)) if key_slot(t.encode()) == slot)
+
+
+def _counting_retries(pipe: NodePipeline) -> list:
+    """The writes `pipe` has to make again alone (the grouped call did not run them)."""
+    alone: list = []
+    run_alone = pipe._fenced_alone
+    pipe._fenced_alone = lambda mark, part: alone.append(part) or run_alone(mark, part)
+    return alone
+
+
+def test_fenced_writes_of_many_farms_go_as_one_call_per_master_and_a_refused_farm_refuses_only_its_own(stack):
     """A batch's fenced writes into many farms' slots are checked and run by one script call per
-    master; where a newer epoch wrote, that slot's writes are refused (FENCED) and every other slot's
-    land, on the same master too."""
+    master, each farm's against its own epoch mark, even where two farms share a slot; where a newer
+    epoch wrote, that farm's writes are refused (FENCED) and every other farm's land, on the same
+    master and in the same slot too."""
     redis = stack.redis
     tag = time.time_ns()
     farms = [f"leasetest-{tag}-{i}" for i in range(40)]                # spread over every master
+    taken = farms[5]                                                      # a newer job writes here
+    twin = _same_slot_tag(taken, f"leasetest-{tag}-twin")                 # same slot, a mark of its own
+    farms.append(twin)
     pos = {farm: f"pos:{{{farm}}}" for farm in farms}
     seen = {farm: f"lastseen:{{{farm}}}" for farm in farms}
     first = NodePipeline(redis, epoch=7)
+    alone = _counting_retries(first)
     for farm in farms:
         first.hset(pos[farm], {"cow": "v7"})
         first.command(seen[farm], "ZADD", seen[farm], 7, "cow")
@@ -110,14 +131,14 @@ def test_fenced_writes_of_many_slots_go_as_one_call_per_master_and_a_refused_slo
     requests = first._requests(first._calls, first._fenced)
     assert len(requests) == len(masters) == len(redis.get_primaries())
     assert sorted(i for r in requests for i in r.members) == list(range(2 * len(farms)))
-    first.execute()
+    assert first.execute() == [1, 1] * len(farms) and alone == []        # every answer from the grouped calls
     assert all(redis.hget(pos[farm], "cow") == "v7" for farm in farms)
-    taken = farms[5]                                                      # a newer job wrote here
     newer = NodePipeline(redis, epoch=8)
     newer.hset(pos[taken], {"cow": "v8"})
     newer.execute()
+    assert redis.get(epoch_key(pos[taken])) == "8" and redis.get(epoch_key(pos[twin])) == "7"
     stale = NodePipeline(redis, epoch=7)
-    for farm in farms:
+    for farm in [twin, *farms[:-1]]:                                     # the twin's mark first in its slot
         stale.hset(pos[farm], {"cow": "v7b"})
         stale.command(seen[farm], "ZADD", seen[farm], 9, "cow")
     with pytest.raises(ResponseError, match="FENCED"):
@@ -125,6 +146,26 @@ def test_fenced_writes_of_many_slots_go_as_one_call_per_master_and_a_refused_slo
     assert redis.hget(pos[taken], "cow") == "v8" and redis.zscore(seen[taken], "cow") == 7
     others = [farm for farm in farms if farm != taken]
     assert all(redis.hget(pos[farm], "cow") == "v7b" and redis.zscore(seen[farm], "cow") == 9 for farm in others)
+
+
+def test_fenced_writes_split_into_several_calls_per_master_keep_each_keys_queue_order(stack, monkeypatch):
+    """Groups cut by their size, and a plain command between writes: each key's writes still land in
+    queue order, and the plain command sees exactly the writes queued before it."""
+    monkeypatch.setattr(node_pipe, "GROUP_ARGS", 12)                     # a few writes per call
+    redis = stack.redis
+    tag = time.time_ns()
+    keys_ = [f"order:{{leasetest-{tag}-{i}}}" for i in range(6)]
+    pipe = NodePipeline(redis, epoch=3)
+    for step in range(5):
+        for key in keys_:
+            pipe.hset(key, {"v": f"{step}"})
+    read = pipe.command(keys_[0], "HGET", keys_[0], "v")
+    for key in keys_:
+        pipe.hset(key, {"v": "last"})
+    assert len(pipe._requests(pipe._calls, pipe._fenced)) > 2 * len(redis.get_primaries())
+    answers = pipe.execute()
+    assert answers[read] == "4"
+    assert all(redis.hget(key, "v") == "last" for key in keys_)
 
 
 def test_fenced_writes_land_once_with_their_answers_when_masters_lost_the_script(stack):
