@@ -95,7 +95,7 @@ def _receive(node, conn, commands: list[tuple]) -> list:  # noqa: ANN001 - redis
 _WRITES = frozenset(("HSET", "HDEL", "SADD", "SREM", "ZADD", "ZREM", "SET", "DEL", "LPUSH", "LTRIM", "XADD",
                      "EXPIRE", "PEXPIRE", "INCR", "INCRBY", "HINCRBY"))
 _FENCED_SCRIPTS: dict[tuple[int, str], object] = {}
-_MARKS: dict[str, tuple[str, int]] = {}   # key → its slot's epoch mark, and the slot (keys repeat batch after batch)
+_MARKS: dict[str, tuple[str, int]] = {}   # key → its hash tag's epoch mark, and its slot (keys repeat batch after batch)
 GROUP_ARGS = 20_000     # arguments per node-grouped script call at most: a script holds its master (~30 ms here)
 
 
@@ -124,12 +124,25 @@ def _mark(key: str) -> tuple[str, int]:
     return known
 
 
+def _node_lookup(redis):  # noqa: ANN001, ANN202 - RedisCluster; a callable slot → ClusterNode
+    """The master of a slot, looked up once per slot for one pipeline's execution."""
+    known: dict = {}
+    get_node = redis.nodes_manager.get_node_from_slot
+
+    def node_of(slot: int):  # noqa: ANN202
+        node = known.get(slot)
+        if node is None:
+            node = known[slot] = get_node(slot)
+        return node
+    return node_of
+
+
 class NodePipeline:
     """`epoch` > 0: every write is checked against the epoch mark of its slot, atomically with the
     write, and refused (FENCED, raised from `execute`) when a newer active job has written there.
 
     The fenced writes bound for one master go together: one script call per master (fencing.model.lease
-    FENCED_NODE) runs them slot by slot, each slot's in queue order and checked once, instead of one
+    FENCED_NODE) runs them mark by mark, each mark's in queue order and checked once, instead of one
     call per slot or per write (a batch writes tens of thousands of keys, a few per farm). A command
     that is not a fenced write ends the group of its master: per slot, commands run in queue order."""
 
@@ -138,7 +151,7 @@ class NodePipeline:
         self.epoch = epoch
         self._calls: list[tuple[str, tuple]] = []    # (routing key, command args)
         self._retry: dict[int, object] = {}          # index → how to run it alone (scripts: reload)
-        self._fenced: dict[int, tuple[str, int]] = {}   # index → its slot's epoch mark and the slot (a fenced write)
+        self._fenced: dict[int, tuple[str, int]] = {}   # index → its epoch mark and its slot (a fenced write)
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -184,14 +197,7 @@ class NodePipeline:
             return [_Request(key, args, [i]) for i, (key, args) in enumerate(calls)]
         from fencing.model.lease import FENCED_NODE
         sha = _loaded(self.redis, FENCED_NODE).sha
-        node_names: dict[int, str] = {}
-        get_node = self.redis.nodes_manager.get_node_from_slot
-
-        def node_of(slot: int) -> str:
-            name = node_names.get(slot)
-            if name is None:
-                name = node_names[slot] = get_node(slot).name
-            return name
+        node_of = _node_lookup(self.redis)
         out: list[_Request | _NodeGroup] = []
         open_: dict[str, _NodeGroup] = {}            # node name → its group still taking writes
         for i, (key, args) in enumerate(calls):
@@ -199,10 +205,10 @@ class NodePipeline:
             if known is None:
                 out.append(_Request(key, args, [i]))
                 if open_:        # writes queued after it on its master go after it
-                    open_.pop(node_of(key_slot(key.encode() if type(key) is str else key)), None)
+                    open_.pop(node_of(key_slot(key.encode() if type(key) is str else key)).name, None)
                 continue
             mark, slot = known
-            node = node_of(slot)
+            node = node_of(slot).name
             group = open_.get(node)
             if group is None or group.size + len(args) > GROUP_ARGS:
                 group = open_[node] = _NodeGroup(args[1])     # routed where its writes go
@@ -218,14 +224,11 @@ class NodePipeline:
         # place among the master's other requests is its queue position, not its routing slot's
         by_node: dict[str, list[int]] = {}
         nodes = {}
-        node_of_slot: dict[int, object] = {}
+        node_of = _node_lookup(self.redis)
         for r, request in enumerate(requests):
             key = request.key
-            slot = key_slot(key.encode() if type(key) is str else key)
-            node = node_of_slot.get(slot)
-            if node is None:
-                node = node_of_slot[slot] = self.redis.nodes_manager.get_node_from_slot(slot)
-                nodes[node.name] = node
+            node = node_of(key_slot(key.encode() if type(key) is str else key))
+            nodes[node.name] = node
             by_node.setdefault(node.name, []).append(r)
         answers: list = [None] * len(calls)
         failed: list[int] = []
