@@ -33,10 +33,17 @@ $(BIN)/python:
 # the runtime (requirements.lock, all the images install) and the test and bench extras' pins
 LOCKS   := requirements.lock requirements-test.lock requirements-bench.lock
 
+# uv installs the pinned locks in about a quarter of pip's time (it links from its cache and leaves
+# byte-compiling to the first import); pip stays the fallback where uv cannot be had
+UV_VERSION := 0.13.9
+
 $(STAMP): $(BIN)/python $(LOCKS) pyproject.toml
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(addprefix -r ,$(LOCKS))
-	$(BIN)/pip install -q --no-deps -e .
+	@if $(BIN)/pip install -q uv==$(UV_VERSION); then \
+	  $(BIN)/uv pip install -q --python $(BIN)/python $(addprefix -r ,$(LOCKS)) && \
+	  $(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .; \
+	else \
+	  $(BIN)/pip install -q $(addprefix -r ,$(LOCKS)) && $(BIN)/pip install -q --no-deps -e .; \
+	fi
 	@touch $(STAMP)
 
 venv: $(STAMP)
