@@ -231,7 +231,8 @@ class HerdfenceEnv(BaseSettings):
                                 "pyspark's own daemon; a new worker loads the map in its first batch)")
     scale_watch: Flag = setting(True, JOB, "on a cluster master, the job follows executors added or removed")
     jvm_options: str = setting("-XX:TieredStopAtLevel=1", JOB, "extra options of the local Spark JVM (driver "
-                               "and executor of `local[*]`); empty: the JVM's defaults", keep_empty=True,
+                               "and executor of `local[*]`); empty: the JVM's defaults. The class archive `make setup` builds "
+                               "(`deploy/jvm_archive.py`) is added unless they name one or `-Xshare`", keep_empty=True,
                                accepts="JVM options, or empty")
     driver_memory: JvmSize = setting("2g", JOB, "the driver JVM's heap")
     # The API

@@ -14,6 +14,8 @@ def get_spark():  # noqa: ANN201 - pyspark.sql.SparkSession
     with _lock:
         if _spark is None:
             from pyspark.sql import SparkSession
+
+            from fencing.stream.spark_session import local_jvm_options
             # Python workers must be this venv's interpreter (pyarrow, ingest/ ...), not `python3`.
             os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
             _spark = (SparkSession.builder.master("local[2]").appName("herdfence-tests")
@@ -23,5 +25,6 @@ def get_spark():  # noqa: ANN201 - pyspark.sql.SparkSession
                       .config("spark.driver.bindAddress", "127.0.0.1")
                       .config("spark.driver.host", "127.0.0.1")
                       .config("spark.sql.streaming.stopTimeout", "10s")
+                      .config("spark.driver.extraJavaOptions", local_jvm_options(""))
                       .getOrCreate())
         return _spark
