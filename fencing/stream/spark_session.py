@@ -111,6 +111,8 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
                                  "HERDFENCE_INITIAL_EXECUTORS": "0"}) if standby else cluster_conf()
             for k, v in conf.items():
                 builder = builder.config(k, v)
+            # the driver JVM here is started by the same launcher as a local one: the archive fits it
+            builder = builder.config("spark.driver.extraJavaOptions", local_jvm_options(""))
     builder = (builder.config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
