@@ -134,3 +134,18 @@ def test_errors_and_tenancy(stack):
     assert "lat" in resp.json()["rejected"][0]["reason"]
     huge = b'{"reports": [' + b",".join([b'{"device_id":"cow-t","ts":1,"lat":1,"lon":1}'] * 250_000) + b"]}"
     assert farm.api.post("/v1/reports", content=huge, headers={"content-type": "application/json"}).status_code == 413
+
+
+def test_the_job_keeps_its_heartbeats_without_per_group_loads(stack):
+    """A batch with points leaves a heartbeat in Redis without the per-group maps (`Heartbeat.stored`):
+    the job's own beat had them, its stored copies do not."""
+    from fencing.model.heartbeat import read_heartbeat, recent_heartbeats
+
+    farm = Farm(stack)
+    farm.fence(square(8.50, 47.00))
+    farm.device("beat-cow")
+    farm.report("beat-cow", INSIDE, INSIDE2)
+    farm.wait_events(1, device_id="beat-cow")
+    beats = [b for b in recent_heartbeats(stack.redis, 200) if b.points] + [read_heartbeat(stack.redis)]
+    assert beats[0].points and sum(s.points for s in beats[0].partitions) == beats[0].points
+    assert all(not (s.groups or s.route_groups or s.children) for b in beats for s in b.partitions)

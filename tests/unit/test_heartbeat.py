@@ -61,3 +61,20 @@ def test_the_progress_record_carries_what_pollers_wait_for():
     progress = beat.progress()
     assert (progress.batch_id, progress.time, progress.handled_total) == (7, 12.5, beat.handled_total) == (7, 12.5, 1000)
     assert len(orjson.dumps(dataclasses.asdict(progress))) < 200 < len(beat.to_json())
+
+
+def test_the_stored_beat_keeps_everything_but_the_per_group_loads():
+    """Redis keeps beats without the per-group maps the elastic controller reads in the driver: at
+    100k fences they are ~99% of a beat, and the log keeps 5,000 beats."""
+    loads = {f"86{i:013x}": 3.0 for i in range(20_000)}
+    beat = Heartbeat(batch_id=9, time=5.0, points=60_000, points_total=70_000, lag=12,
+                     partitions=[PartitionStats(p, points=10_000, devices=900, stage_s={"write": 0.2}, groups=loads,
+                                                route_groups=loads, children={"g": {"#1": 2.0}}) for p in range(6)],
+                     readers=[ReaderTiming(60_000, 0.1, 0.2)])
+    stored = Heartbeat.from_json(beat.stored().to_json())
+    assert len(beat.stored().to_json()) < 5_000 < 1_000_000 < len(beat.to_json())
+    assert [(s.partition, s.points, s.devices, s.stage_s) for s in stored.partitions] == \
+        [(s.partition, s.points, s.devices, s.stage_s) for s in beat.partitions]
+    assert all(not (s.groups or s.route_groups or s.children) for s in stored.partitions)
+    assert (stored.points, stored.points_total, stored.lag, stored.readers) == (60_000, 70_000, 12, beat.readers)
+    assert beat.partitions[0].groups is loads          # the controller's beat keeps them
