@@ -47,8 +47,8 @@ $(STAMP): $(BIN)/python $(LOCKS) pyproject.toml
 	fi
 	@touch $(STAMP)
 
-# the project's bytecode (what changed since), pyspark.zip with bytecode, and the class archive the Spark JVM starts from (deploy/jvm_archive.py: built
-# once, ~45 s; each JVM start then costs 6 core-s instead of 13)
+# the project's bytecode (what changed since), pyspark.zip with bytecode, and the class archive the
+# Spark JVM starts from (deploy/jvm_archive.py: built once, ~45 s; a JVM start then costs 6 core-s, not 13)
 venv: $(STAMP)
 	@$(BIN)/python -m compileall -q -j 0 ingest fencing api deploy loadgen
 	@$(BIN)/python -m deploy.pyspark_bytecode

@@ -1,8 +1,8 @@
 """Build the class-data archive the local Spark JVM starts from (`make setup`, the job image).
 
 A Spark driver JVM loads ~15,700 classes before the job's first micro-batch; parsing and verifying them
-is most of its start: 12 core-s and 21 s of `herdfence up` here, where a JVM that maps them from an
-archive (JDK class data sharing) takes 5 core-s and 15 s (measured 2026-11-28). Every JVM start gains
+is most of its start: 13 core-s and 24 s of `herdfence up` here, where a JVM that maps them from an
+archive (JDK class data sharing) takes 6 core-s and 17 s (measured 2026-11-28, docs/measurements.md). Every JVM start gains
 it: `up`, a job restarted by the supervisor, a new standby, the test suite's ~35 stacks.
 
 The archive is built from a list of the classes a job loads (deploy/spark-classes.txt.gz: recorded from
@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from deploy.spark_cluster import java_binary
 from fencing.stream.spark_session import class_archive, spark_home
 
 CLASS_LIST = Path(__file__).with_name("spark-classes.txt.gz")
@@ -32,11 +33,6 @@ RECORD_HELP = """To record the class list again (after a pyspark upgrade), run a
   HERDFENCE_JOB_STANDBY=0 HERDFENCE_JVM_OPTIONS="-XX:TieredStopAtLevel=1 -XX:DumpLoadedClassList=/tmp/classes.lst" herdfence up --detach
   herdfence bench push --fences 200 --points 5000 --devices 200 --no-plot; herdfence down
 then: gzip -9 -c /tmp/classes.lst > deploy/spark-classes.txt.gz"""
-
-
-def java() -> str | None:
-    home = os.environ.get("JAVA_HOME")
-    return shutil.which("java", path=os.path.join(home, "bin")) if home else shutil.which("java")
 
 
 def spark_classpath(java_bin: str, home: Path) -> str:
@@ -77,7 +73,7 @@ def main(argv: list[str]) -> int:
     if "--record" in argv:
         print(RECORD_HELP)
         return 0
-    java_bin, home = java(), spark_home()
+    java_bin, home = java_binary(), spark_home()
     if java_bin is None or home is None:
         print("jvm_archive: no java or no pyspark here; the JVM starts without a class archive", file=sys.stderr)
         return 0

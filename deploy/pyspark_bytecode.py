@@ -22,15 +22,16 @@ import zipfile
 from importlib._bootstrap_external import _code_to_hash_pyc  # the same bytes py_compile writes
 from pathlib import Path
 
+from fencing.stream.spark_session import spark_home
+
 MARKER = f"herdfence-bytecode-{importlib.util.MAGIC_NUMBER.hex()}"
 
 
 def pyspark_zip() -> Path | None:
     """SPARK_HOME/python/lib/pyspark.zip of the installed pyspark (None: not a pip layout)."""
-    spec = importlib.util.find_spec("pyspark")
-    if spec is None or not spec.origin:
+    home = spark_home()
+    if home is None:
         return None
-    home = Path(os.environ.get("SPARK_HOME") or Path(spec.origin).parent)
     path = home / "python" / "lib" / "pyspark.zip"
     return path if path.is_file() else None
 

@@ -58,10 +58,15 @@ def spark_home() -> Path:
     return Path(pyspark.__file__).resolve().parent
 
 
+def java_binary() -> str | None:
+    """The `java` Spark's launcher runs: JAVA_HOME's, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    return shutil.which("java", path=os.path.join(home, "bin")) if home else shutil.which("java")
+
+
 def check_java() -> None:
     """Spark 4 needs Java 17+; say so before any JVM fails with a cryptic message."""
-    java = shutil.which("java", path=os.path.join(os.environ["JAVA_HOME"], "bin")) \
-        if os.environ.get("JAVA_HOME") else shutil.which("java")
+    java = java_binary()
     if java is None:
         raise procs.DeployError("Java 17 is required: run make setup")
     out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr

@@ -68,7 +68,7 @@ def class_archive(home: Path | None = None) -> Path | None:
 
 def local_jvm_options(options: str = LOCAL_JVM_OPTIONS) -> str:
     """The local JVM's options: `options`, and the class archive when there is one (a JVM maps its
-    classes instead of parsing them: 5 core-s to the first batch instead of 12). Options that already
+    classes instead of parsing them: 6 core-s to the first batch instead of 13). Options that already
     choose an archive or turn sharing off are left as they are."""
     archive = class_archive()
     if archive is None or not archive.is_file() or "SharedArchiveFile" in options or "-Xshare" in options:

@@ -10,9 +10,10 @@ import subprocess
 import pytest
 
 from deploy import jvm_archive
+from deploy.spark_cluster import java_binary
 from fencing.stream.spark_session import class_archive, local_jvm_options, spark_home
 
-JAVA = jvm_archive.java()
+JAVA = java_binary()
 pytestmark = pytest.mark.skipif(JAVA is None, reason="no java here (make setup installs openjdk-17-jre-headless)")
 
 
