@@ -82,9 +82,10 @@ def test_status_shows_standalone_cluster(stack):
         assert comps[name]["ok"] and comps[name]["pid"], name
     assert comps["spark_master"]["port"] == SPARK_PORT
     assert comps["spark_master"]["alive_workers"] == 2
-    state = _master_json()
-    # the job and its hot standby, a second application that holds no executor while it stands by
-    apps = state["activeapps"]
+    # the job and its hot standby, a second application that holds no executor while it stands by; the
+    # standby warms after `up` returns, so its application registers a little later
+    apps = wait_for(lambda: (lambda a: a if len(a) >= 2 else None)(_master_json()["activeapps"]),
+                    timeout=90, what="the standby's application on the master")
     assert [a["name"] for a in apps] == ["herdfence", "herdfence"], apps
     assert sorted(a["cores"] for a in apps)[0] == 0, apps
 
