@@ -7,7 +7,7 @@ it: `up`, a job restarted by the supervisor, a new standby, the test suite's ~35
 
 The archive is built from a list of the classes a job loads (deploy/spark-classes.txt.gz: recorded from
 a job running a batch, with -XX:DumpLoadedClassList) against this pyspark's jars, and written beside
-them (fencing.stream.spark_session.class_archive). The JVM checks it against the jars it names (path,
+them (fencing.stream.class_archive). The JVM checks it against the jars it names (path,
 size, time) and starts without it when they differ, so a stale archive costs the gain, never a start.
 Idempotent: an archive the JVM accepts is kept.
 
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from deploy.spark_cluster import java_binary
-from fencing.stream.spark_session import class_archive, spark_home
+from fencing.stream.class_archive import class_archive, spark_home
 
 CLASS_LIST = Path(__file__).with_name("spark-classes.txt.gz")
 RECORD_HELP = """To record the class list again (after a pyspark upgrade), run a job that processes a batch with

@@ -22,7 +22,7 @@ import zipfile
 from importlib._bootstrap_external import _code_to_hash_pyc  # the same bytes py_compile writes
 from pathlib import Path
 
-from fencing.stream.spark_session import spark_home
+from fencing.stream.class_archive import spark_home
 
 MARKER = f"herdfence-bytecode-{importlib.util.MAGIC_NUMBER.hex()}"
 

@@ -14,10 +14,10 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 from deploy import procs
 from fencing.config import Settings, read_env
+from fencing.stream.class_archive import spark_home, with_class_archive
 
 MASTER = "spark_master"
 DEFAULT_PORT = 7077
@@ -53,10 +53,6 @@ def worker_name(i: int) -> str:
     return f"spark_worker_{i}"
 
 
-def spark_home() -> Path:
-    import pyspark
-    return Path(pyspark.__file__).resolve().parent
-
 
 def java_binary() -> str | None:
     """The `java` Spark's launcher runs: JAVA_HOME's, else the one on PATH."""
@@ -80,7 +76,9 @@ def _env(settings: Settings) -> dict[str, str]:
     return {"SPARK_HOME": str(spark_home()), "SPARK_LOCAL_IP": "127.0.0.1",
             "SPARK_LOG_DIR": str(work / "logs"), "SPARK_WORKER_DIR": str(work / "work"),
             # Executors must run the venv's Python (with shapely, h3, ...), not the system one.
-            "PYSPARK_PYTHON": sys.executable}
+            "PYSPARK_PYTHON": sys.executable,
+            # the master and workers start from the job's class archive: the same jars, the same classpath
+            "SPARK_DAEMON_JAVA_OPTS": with_class_archive(os.environ.get("SPARK_DAEMON_JAVA_OPTS", ""))}
 
 
 def _class_argv(cls: str, *args: str) -> list[str]:

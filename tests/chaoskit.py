@@ -48,6 +48,19 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def archive_resident_kb(pid: int, archive: Path) -> int:
+    """kB of the class archive resident in a JVM (/proc/<pid>/smaps). A JVM that rejects the archive
+    (another classpath, changed jars) may still map the file, but reads none of it."""
+    resident_kb, mapping = 0, ""
+    for line in open(f"/proc/{pid}/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:         # a mapping's header: range, perms, ..., path
+            mapping = fields[5] if len(fields) > 5 else ""
+        elif fields[0] == "Rss:" and mapping == str(archive):
+            resident_kb += int(fields[1])
+    return resident_kb
+
+
 def kill9(pid: int, group: bool = False) -> None:
     try:
         os.killpg(pid, signal.SIGKILL) if group else os.kill(pid, signal.SIGKILL)

@@ -18,7 +18,6 @@ and memory come from spark-submit and are left alone.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -26,11 +25,11 @@ import socket
 import sys
 import threading
 import time
-from pathlib import Path
 
 from pyspark.sql import SparkSession
 
 from fencing.config import TUNING, load_settings, spark_cluster_conf
+from fencing.stream.class_archive import with_class_archive
 
 log = logging.getLogger("herdfence.spark")
 
@@ -49,31 +48,12 @@ cluster_conf = spark_cluster_conf      # fencing/config.py: the one reader of HE
 # (measured 2026-11-23). HERDFENCE_JVM_OPTIONS replaces it ("" = the JVM's default).
 LOCAL_JVM_OPTIONS = TUNING.jvm_options
 WARM_DAEMON = "fencing.stream.warm_daemon"
-CLASS_ARCHIVE = "herdfence-classes.jsa"
-
-
-def spark_home() -> Path | None:
-    """SPARK_HOME, or the installed pyspark's folder (a pip install); None without pyspark."""
-    if os.environ.get("SPARK_HOME"):
-        return Path(os.environ["SPARK_HOME"])
-    spec = importlib.util.find_spec("pyspark")
-    return Path(spec.origin).parent if spec is not None and spec.origin else None
-
-
-def class_archive(home: Path | None = None) -> Path | None:
-    """Where `make setup` puts the class-data archive of this pyspark's jars (deploy/jvm_archive.py)."""
-    home = home or spark_home()
-    return home / CLASS_ARCHIVE if home is not None else None
+LOOPBACK_MASTERS = ("spark://127.0.0.1:", "spark://localhost:", "spark://[::1]:")
 
 
 def local_jvm_options(options: str = LOCAL_JVM_OPTIONS) -> str:
-    """The local JVM's options: `options`, and the class archive when there is one (a JVM maps its
-    classes instead of parsing them: 6 core-s to the first batch instead of 13). Options that already
-    choose an archive or turn sharing off are left as they are."""
-    archive = class_archive()
-    if archive is None or not archive.is_file() or "SharedArchiveFile" in options or "-Xshare" in options:
-        return options
-    return f"{options} -XX:SharedArchiveFile={archive}".strip()
+    """The local JVM's options: `options` and the class archive (fencing.stream.class_archive)."""
+    return with_class_archive(options)
 
 
 def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: int = 4,
@@ -111,8 +91,12 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
                                  "HERDFENCE_INITIAL_EXECUTORS": "0"}) if standby else cluster_conf()
             for k, v in conf.items():
                 builder = builder.config(k, v)
-            # the driver JVM here is started by the same launcher as a local one: the archive fits it
+            # the driver JVM here is started by the same launcher as a local one: the archive fits it;
+            # so it does the executors of a cluster on this machine (the workers launch them from the
+            # same jars), not those of a remote one, whose pyspark may lie elsewhere
             builder = builder.config("spark.driver.extraJavaOptions", local_jvm_options(""))
+            if master.startswith(LOOPBACK_MASTERS) and "spark.executor.extraJavaOptions" not in conf:
+                builder = builder.config("spark.executor.extraJavaOptions", with_class_archive(""))
     builder = (builder.config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))

@@ -4,6 +4,7 @@ stack (own HERDFENCE_HOME and ports), started through the real CLI and stopped a
 * the acceptance flow of tests/stack/test_flow.py, unchanged (the same test functions, run against this
   module's `stack` fixture): report → enter → query → exit → query, errors and tenancy;
 * status --json shows spark_master and spark_worker_1/2;
+* the master, workers and executors start from the job's class archive;
 * the executors import herdfence from the shipped artefact (HERDFENCE_HOME/dist/*.zip), not from the
   source tree;
 * `up --detach --spark-workers 3` adds a worker to the running stack and the job runs tasks on it;
@@ -88,6 +89,31 @@ def test_status_shows_standalone_cluster(stack):
                     timeout=90, what="the standby's application on the master")
     assert [a["name"] for a in apps] == ["herdfence", "herdfence"], apps
     assert sorted(a["cores"] for a in apps)[0] == 0, apps
+
+
+def test_the_cluster_jvms_start_from_the_class_archive(stack):
+    """The master, the workers and the job's executors start from the job's class archive (the same
+    jars, the same classpath as the driver's): its pages are resident in each of them."""
+    import psutil
+
+    from fencing.stream.class_archive import class_archive
+    from tests.chaoskit import archive_resident_kb
+
+    archive = class_archive()
+    assert archive is not None and archive.is_file()
+    comps = json.loads(stack.cli("status", "--json"))["components"]
+    daemons = {name: int(comps[name]["pid"]) for name in ("spark_master", "spark_worker_1", "spark_worker_2")}
+
+    def executors() -> dict[str, int]:
+        found = {}
+        for proc in psutil.process_iter(["pid", "cmdline", "cwd"]):
+            cmd, cwd = proc.info["cmdline"] or [], proc.info["cwd"] or ""
+            if any("CoarseGrainedExecutorBackend" in c for c in cmd) and cwd.startswith(str(_home(stack))):
+                found[f"executor {proc.info['pid']}"] = proc.info["pid"]
+        return found
+    jvms = {**daemons, **wait_for(executors, timeout=60, what="the job's executors")}
+    resident = {name: archive_resident_kb(pid, archive) for name, pid in jvms.items()}
+    assert all(kb > 10_000 for kb in resident.values()), f"kB of {archive} resident: {resident}"
 
 
 def test_executors_import_the_shipped_artefact(stack):

@@ -134,19 +134,13 @@ def test_the_job_jvm_starts_from_the_class_archive(stack):
     """The job's driver JVM loads its classes from the class archive (deploy/jvm_archive.py): the
     archive's pages are resident in it. A JVM that rejects the archive (another classpath, changed
     jars) may still map the file, but reads none of it."""
-    from fencing.stream.spark_session import class_archive
-    from tests.chaoskit import children, read_pid
+    from fencing.stream.class_archive import class_archive
+    from tests.chaoskit import archive_resident_kb, children, read_pid
 
     archive = class_archive()
     assert archive is not None and archive.is_file()
     job = read_pid(stack.env["HERDFENCE_HOME"], "job")
     jvms = [c for c in children(job) if b"java" in open(f"/proc/{c}/cmdline", "rb").read()]
     assert jvms, "no JVM under the job's driver"
-    resident_kb, mapping = 0, ""
-    for line in open(f"/proc/{jvms[0]}/smaps"):
-        fields = line.split()
-        if "-" in fields[0] and len(fields) >= 5:         # a mapping's header: range, perms, ..., path
-            mapping = fields[5] if len(fields) > 5 else ""
-        elif fields[0] == "Rss:" and mapping == str(archive):
-            resident_kb += int(fields[1])
+    resident_kb = archive_resident_kb(jvms[0], archive)
     assert resident_kb > 20_000, f"{resident_kb} kB of {archive} resident in the job's JVM"

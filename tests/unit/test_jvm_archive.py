@@ -11,7 +11,8 @@ import pytest
 
 from deploy import jvm_archive
 from deploy.spark_cluster import java_binary
-from fencing.stream.spark_session import class_archive, local_jvm_options, spark_home
+from fencing.stream.class_archive import class_archive, spark_home
+from fencing.stream.spark_session import local_jvm_options
 
 JAVA = java_binary()
 pytestmark = pytest.mark.skipif(JAVA is None, reason="no java here (make setup installs openjdk-17-jre-headless)")
