@@ -33,15 +33,20 @@ $(BIN)/python:
 # the runtime (requirements.lock, all the images install) and the test and bench extras' pins
 LOCKS   := requirements.lock requirements-test.lock requirements-bench.lock
 
-# uv installs the pinned locks in less than half of pip's time (it links from its cache and compiles on
-# both cores); bytecode is compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set no
-# process would ever write it, and each would compile pandas, pyspark... again. pip stays the fallback.
+# uv installs the pinned locks in less than half of pip's time (it links from its cache). Bytecode is
+# compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set no process would ever write it,
+# and each would compile pandas, pyspark... again. It is compiled on both cores while the class archive
+# (deploy/jvm_archive.py, one core, ~25-45 s) is dumped; a file that does not compile is left to its
+# import, as uv leaves it. pip stays the fallback.
 UV_VERSION := 0.13.9
 
 $(STAMP): $(BIN)/python $(LOCKS) pyproject.toml
 	@if $(BIN)/pip install -q uv==$(UV_VERSION); then \
-	  $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python $(addprefix -r ,$(LOCKS)) && \
-	  $(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e .; \
+	  $(BIN)/uv pip install -q --python $(BIN)/python $(addprefix -r ,$(LOCKS)) && \
+	  $(BIN)/uv pip install -q --python $(BIN)/python --no-deps -e . && \
+	  { $(BIN)/python -m deploy.jvm_archive & archive=$$!; \
+	    $(BIN)/python -m compileall -q -j 0 $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+	      >/dev/null || true; wait $$archive; }; \
 	else \
 	  $(BIN)/pip install -q $(addprefix -r ,$(LOCKS)) && $(BIN)/pip install -q --no-deps -e .; \
 	fi
