@@ -25,6 +25,8 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
+from fencing.model.lease import LUA_UNPACK_MAX, split_command
+
 # the only reply shape the callers need converted (redis-py's callbacks are not run on raw replies)
 _REPLY = {"HGETALL": lambda r: dict(zip(r[::2], r[1::2])) if isinstance(r, list) else r}
 
@@ -125,15 +127,16 @@ def _mark(key: str) -> tuple[str, int]:
 
 
 def _node_lookup(redis):  # noqa: ANN001, ANN202 - RedisCluster; a callable slot → ClusterNode
-    """The master of a slot, looked up once per slot for one pipeline's execution."""
-    known: dict = {}
-    get_node = redis.nodes_manager.get_node_from_slot
+    """The master of a slot, read from the client's slot map as it is at one pipeline's execution
+    (redis-py's get_node_from_slot takes a lock and checks deprecated arguments per call: ~4% of a
+    process task's CPU when every write has its own slot). A slot it does not cover goes to
+    get_node_from_slot, which raises."""
+    manager = redis.nodes_manager
+    slots, get_node = manager.slots_cache, manager.get_node_from_slot
 
     def node_of(slot: int):  # noqa: ANN202
-        node = known.get(slot)
-        if node is None:
-            node = known[slot] = get_node(slot)
-        return node
+        owners = slots.get(slot)
+        return owners[0] if owners else get_node(slot)
     return node_of
 
 
@@ -167,7 +170,6 @@ class NodePipeline:
         return len(self._calls) - 1
 
     def _queue_fenced(self, key: str, args: tuple) -> int:
-        from fencing.model.lease import LUA_UNPACK_MAX, split_command
         target = args[1] if isinstance(args[1], str) else args[1].decode()
         mark = _mark(target)
         for part in [args] if len(args) <= LUA_UNPACK_MAX else split_command(args):

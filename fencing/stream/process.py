@@ -22,7 +22,7 @@ from pyspark import TaskContext
 from fencing.model import compact_json, history, keys, notify
 from fencing.stream import rows, worker_gc
 from fencing.stream.fence_cache import process_cache
-from fencing.model.h3util import cell_to_str, cells_for_points
+from fencing.model.h3util import cells_for_points, cells_to_strs
 from fencing.model.heartbeat import PartitionStats
 from fencing.model.node_pipe import NodePipeline
 from fencing.model.redis_conn import cluster
@@ -321,17 +321,19 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
     cell_adds: dict[tuple[str, str], list[str]] = {}
     cell_removes: dict[tuple[str, str], list[str]] = {}
     has_position = latest_row >= 0
-    pos_cells = np.zeros(len(states), dtype=np.uint64)
+    # per device as plain lists: a numpy scalar per device and field costs more than the work on it
+    cell_of: list[str | None] = [None] * len(states)
     if has_position.any():
         rows = latest_row[has_position]
-        pos_cells[has_position] = cells_for_points(np.asarray(devices.frame_lat)[rows], np.asarray(devices.frame_lon)[rows],
-                                                   keys.POS_INDEX_RES)
-    for d, (dkey, home, state) in enumerate(zip(devices.dkeys, devices.homes, states)):
+        found = cells_to_strs(cells_for_points(np.asarray(devices.frame_lat)[rows], np.asarray(devices.frame_lon)[rows],
+                                               keys.POS_INDEX_RES))
+        for d, cell in zip(np.flatnonzero(has_position).tolist(), found):
+            cell_of[d] = cell
+    for d, (dkey, home, state, row, cell) in enumerate(zip(devices.dkeys, devices.homes, states, latest_row.tolist(),
+                                                           cell_of)):
         farm_id, _, device_id = dkey.partition("/")
         old = devices.before[d]
-        if has_position[d]:
-            row = int(latest_row[d])
-            cell = cell_to_str(int(pos_cells[d]))
+        if cell is not None:
             previous_cell = (old or {}).get("c")
             state.cell = cell
             if state.seen is None or received_ms - state.seen >= seen_step_ms:
