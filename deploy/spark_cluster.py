@@ -53,7 +53,6 @@ def worker_name(i: int) -> str:
     return f"spark_worker_{i}"
 
 
-
 def java_binary() -> str | None:
     """The `java` Spark's launcher runs: JAVA_HOME's, else the one on PATH."""
     home = os.environ.get("JAVA_HOME")
