@@ -62,7 +62,7 @@ class CpuSampler(threading.Thread):
     looked up again when the active job's process is gone (a take-over swaps the active job and the
     standby), every `resolve_s`, and when the sampler stops (processes new since: a Python worker the
     pool added). A lookup costs ~0.2 core-s (the stack's status, every process's environment): every
-    10 s it was ~2% of the machine the run is measured on."""
+    10 s it took ~2% of a core of the machine the run is measured on."""
 
     def __init__(self, settings, every_s: float = 1.0, resolve_s: float = 60.0):
         super().__init__(name="cpu-sampler", daemon=True)

@@ -107,7 +107,7 @@ class MemorySampler(threading.Thread):
                 except Exception:  # noqa: BLE001 - a restart in progress: try again later
                     pass
                 # the job's process tree with it, not every second: walking every process's parent
-                # and command line each time cost ~2% of the machine the run is measured on
+                # and command line each time took ~2% of a core of the machine the run is measured on
                 roles = job_processes(job_pid) if job_pid else None
                 resolved = time.monotonic()
             now = self.sample(job_pid, redis_pids, roles)
