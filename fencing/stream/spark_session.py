@@ -94,9 +94,10 @@ def build_session(master: str, app_name: str = "herdfence", shuffle_partitions: 
             # the driver JVM here is started by the same launcher as a local one: the archive fits it;
             # so it does the executors of a cluster on this machine (the workers launch them from the
             # same jars), not those of a remote one, whose pyspark may lie elsewhere
-            builder = builder.config("spark.driver.extraJavaOptions", local_jvm_options(""))
+            archive_options = with_class_archive("")
+            builder = builder.config("spark.driver.extraJavaOptions", archive_options)
             if master.startswith(LOOPBACK_MASTERS) and "spark.executor.extraJavaOptions" not in conf:
-                builder = builder.config("spark.executor.extraJavaOptions", with_class_archive(""))
+                builder = builder.config("spark.executor.extraJavaOptions", archive_options)
     builder = (builder.config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
