@@ -298,16 +298,12 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
     crossings (the caller found them). The reports taken are kept as live fixes (`DeviceState.remember`:
     late fixes are judged against them), each with the fences it disagreed with right after its step."""
     settled = _settled(state, rules, deleted)
-    before = None if state.last_ts is None else (state.last_ts, state.last_lat, state.last_lon)
     steady = uniform is not False and settled is not None and not segments and (
         not matched or (matched[0] == settled if uniform else all(m == settled for m in matched)))
     if steady and last_accepted is not None and recent is not None:
-        if last_accepted >= 0:
-            if state.known_from is None:
-                state.take(ts[0], lat[0], lon[0])       # a new device's first report is always taken
-            state.take(ts[last_accepted], lat[last_accepted], lon[last_accepted])
-            state.remember(before, [[ts[i], lat[i], lon[i], None] for i in recent])
+        advance_steady(state, ts, lat, lon, 0, last_accepted, recent)
         return Advanced([], last_accepted)
+    before = None if state.last_ts is None else (state.last_ts, state.last_lat, state.last_lon)
     events: list[Event] = []
     dropped: list[tuple[str, int]] = []
     last = -1
@@ -331,6 +327,27 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
     if taken:
         state.remember(before, [[ts[i], lat[i], lon[i], disagreed.get(i)] for i in taken[-MAX_LIVE_FIXES - 1:]])
     return Advanced(events, last, dropped)
+
+
+def is_steady(state: DeviceState, first_matched: frozenset[str], rules: dict[str, FenceRules],
+              deleted: set[str]) -> bool:
+    """Whether reports that all matched `first_matched` leave the device's fences as they are: nothing
+    pending, timed or deleted, and the reports agree with the confirmed state (the common case)."""
+    return _settled(state, rules, deleted) == first_matched
+
+
+def advance_steady(state: DeviceState, ts: list[int], lat: list[float], lon: list[float], at: int,
+                   last_accepted: int, recent: list[int]) -> None:
+    """A steady device's reports ts[at:...] (`is_steady`; `last_accepted` and `recent` relative to
+    `at`, as `advance` takes them): only its last report and its live fixes change."""
+    if last_accepted < 0:
+        return
+    before = None if state.last_ts is None else (state.last_ts, state.last_lat, state.last_lon)
+    if state.known_from is None:
+        state.take(ts[at], lat[at], lon[at])            # a new device's first report is always taken
+    last = at + last_accepted
+    state.take(ts[last], lat[last], lon[last])
+    state.remember(before, [[ts[at + i], lat[at + i], lon[at + i], None] for i in recent])
 
 
 def disagreeing(state: DeviceState, inside_now: frozenset[str], t: int, rules: dict[str, FenceRules]

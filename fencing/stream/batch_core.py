@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from fencing.model import late
 from fencing.model.sparse_batch import Track, batch_segments, near_rows, taken_rows
-from fencing.model.transitions import DeviceState, Event, advance
+from fencing.model.transitions import DeviceState, Event, advance, advance_steady, is_steady
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,20 @@ def advance_batch(cache, reports: BatchReports, found: Matches, bounds: np.ndarr
             dropped.extend((uid, dkeys[d], t) for uid, t in done.dropped)
         return done.last
 
+    rules, recent_rows, recent_from = cache.rules, taken.recent, taken.recent_from
+    batteries, accuracies = battery.tolist(), accuracy.tolist()
     for d, (lo, hi) in enumerate(zip(bounds.tolist(), ends.tolist())):
         state = states[d]
+        if uniform[d] and not state.open and d not in extra_devices and d not in late_devices \
+                and is_steady(state, matched[lo], rules, deleted):
+            # the common case (`advance`'s steady branch), without a call per device
+            last = last_taken[d]
+            advance_steady(state, ts, lat, lon, lo, last, recent_rows[recent_from[d]:recent_from[d + 1]])
+            if last >= 0:
+                row = lo + last
+                latest_row[d] = row
+                _keep_readings(state, batteries[row], accuracies[row])
+            continue
         device_id = dkeys[d].partition("/")[2]
         if late_devices and d in late_devices:
             # buffered fixes are replayed where they arrived: before the device's next counted report
@@ -147,11 +159,16 @@ def advance_batch(cache, reports: BatchReports, found: Matches, bounds: np.ndarr
                                       cache.rules, deleted)
         row = int(latest_row[d])
         if row >= 0:
-            if battery[row] == battery[row]:      # not NaN: keep the last known one
-                state.battery = float(battery[row])
-            given = accuracy[row]
-            state.accuracy = None if given != given else float(given)
+            _keep_readings(state, batteries[row], accuracies[row])
     return Outcome(events, dropped, latest_row, ts, lat, lon)
+
+
+def _keep_readings(state: DeviceState, battery: float, accuracy: float) -> None:
+    """The device's last counted report's battery (NaN: not given, the last known one stays) and
+    accuracy (NaN: not given, so none)."""
+    if battery == battery:
+        state.battery = battery
+    state.accuracy = None if accuracy != accuracy else accuracy
 
 
 def late_pieces(late_rows: np.ndarray, counted_rows: np.ndarray, lo: int, hi: int
