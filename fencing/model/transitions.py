@@ -30,7 +30,7 @@ MAX_STAYS = 8                           # ended stays kept per device for late f
 MAX_LIVE_FIXES = 4
 
 
-@dataclass
+@dataclass(slots=True)     # slots: a batch builds one per device and fence, and reads them often
 class FenceState:
     inside: bool = False
     streak: int = 0
@@ -47,7 +47,7 @@ class FenceState:
         return cls(bool(v[0]), int(v[1]), int(v[2]), v[3], bool(v[4]), bool(v[5]) if len(v) > 5 else False)
 
 
-@dataclass
+@dataclass(slots=True)
 class DeviceState:
     last_ts: int | None = None
     last_lat: float | None = None
@@ -212,7 +212,7 @@ def _far(stored: float | int, ref: float) -> float:
     return (stored + round(ref * 1e7)) / 1e7 if type(stored) is int else stored
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)        # not frozen: one is built per device and batch (see Event)
 class Advanced:
     events: list["Event"]
     last: int            # index of the last report that counted, -1 when none did
