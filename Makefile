@@ -5,7 +5,6 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.herdfence-installed
 UI_DIR  := api/ui
-APT_PKGS := openjdk-17-jre-headless redis-server chromium wrk
 
 .PHONY: setup up test test-fast demo clean system-packages venv ui-assets
 

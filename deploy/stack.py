@@ -268,7 +268,10 @@ def up(settings: Settings, detach: bool = False, spark_workers: int = 0, redis_r
     if detach:
         start_components(settings, spark_workers, redis_replicas, supervise=True)
         wait_ready(settings, timeout)
-        return status(settings)
+        result = status(settings)
+        if result["ok"]:
+            _say(f"ready: open {settings.api_url}/ ; `herdfence down` stops everything")
+        return result
     return _foreground(settings, spark_workers, redis_replicas, timeout)
 
 

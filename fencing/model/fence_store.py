@@ -186,7 +186,7 @@ def save_fence(redis, farm_id: str, fence_id: str, fence: ValidFence) -> dict:
     version = (previous["version"] + 1) if previous else 1
     feature = {**fence.feature, "id": fence_id}
     feature["properties"] = {**feature["properties"], "version": version,
-                             "updated": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                             "updated": iso(time.time() * 1000)}
     rules = fence.rules
     pipe = redis.pipeline()
     for group, record in group_records(farm_id, fence_id, version, fence).items():
@@ -416,7 +416,7 @@ def save_fences_bulk(redis, farm_id: str | None, fences, chunk: int = 5_000) -> 
                 raise FenceError(f"fence {items[i][1]!r}: {v}")
             items[i] = (items[i][0], items[i][1], v)
     saved: list[dict] = []
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    stamp = iso(time.time() * 1000)
     for start in range(0, len(items), chunk):
         part = items[start:start + chunk]
         by_farm: dict[str, list[int]] = {}
