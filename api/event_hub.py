@@ -25,7 +25,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
-from fencing.model import keys
+from fencing.model import keys, live_stream
 
 log = logging.getLogger("herdfence.events")
 READ_COUNT = 500
@@ -96,11 +96,15 @@ class EventHub:
             feed = self.feeds.setdefault(farm_id, _Feed(newest[0][0] if newest else "0-0"))
         sub = Subscriber(farm_id, asyncio.Queue(self.queue_max))
         async with feed.lock:        # the hub does not move the cursor while we catch up
-            if last_id and _before(last_id, feed.cursor):
-                missed = await self._redis("xrange", keys.event_stream(farm_id), f"({last_id}", feed.cursor,
+            seen = live_stream.parse_event_id(last_id) if last_id else None
+            if seen is not None and not _before(feed.cursor, seen[0]):
+                entry, k = seen
+                missed = await self._redis("xrange", keys.event_stream(farm_id), entry, feed.cursor,
                                            self.queue_max)
                 for entry_id, fields in missed:
-                    sub.queue.put_nowait(frame(entry_id, fields["event"]))
+                    for i, event in enumerate(live_stream.entry_events(fields)):
+                        if entry_id != entry or i > k:
+                            sub.queue.put_nowait(frame(live_stream.event_id(entry_id, i), event))
             feed.subscribers.add(sub)
         return sub
 
@@ -153,15 +157,17 @@ class EventHub:
             entries = batch[0][1] if batch else []
             for entry_id, fields in entries:
                 feed.cursor = entry_id
-                data = frame(entry_id, fields["event"])     # rendered once for all of the farm's streams
-                for sub in list(feed.subscribers):
-                    try:
-                        sub.queue.put_nowait(data)
-                    except asyncio.QueueFull:
-                        sub.dropped = True                 # a client that does not read: let it go
-                        feed.subscribers.discard(sub)
-                        sub.queue = asyncio.Queue(1)
-                        sub.queue.put_nowait(None)
+                for i, event in enumerate(live_stream.entry_events(fields)):
+                    # rendered once for all of the farm's streams
+                    data = frame(live_stream.event_id(entry_id, i), event)
+                    for sub in list(feed.subscribers):
+                        try:
+                            sub.queue.put_nowait(data)
+                        except asyncio.QueueFull:
+                            sub.dropped = True                 # a client that does not read: let it go
+                            feed.subscribers.discard(sub)
+                            sub.queue = asyncio.Queue(1)
+                            sub.queue.put_nowait(None)
         if len(entries) == READ_COUNT:
             self._due.add(farm_id)                          # more are waiting
             self._wake.set()
@@ -169,9 +175,9 @@ class EventHub:
             self.feeds.pop(farm_id, None)
 
 
-def frame(entry_id: str, event: str) -> bytes:
+def frame(event_id: str, event: str) -> bytes:
     """One event as an SSE frame."""
-    return f"id: {entry_id}\nevent: fence\ndata: {event}\n\n".encode()
+    return f"id: {event_id}\nevent: fence\ndata: {event}\n\n".encode()
 
 
 def _before(a: str, b: str) -> bool:

@@ -1,8 +1,8 @@
 """Pull queries: who is inside a fence or an area, where a device is, positions, events (+ SSE)."""
 from __future__ import annotations
 
-import re
-
+import anyio.from_thread
+import shapely
 from fastapi import APIRouter, Body, Depends, HTTPException, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
@@ -10,12 +10,9 @@ from api import answers, auth, event_hub, events, history, live, tenancy
 from api.event_hub import TooManyStreams
 from api.auth import Principal, farm_principal, principal
 from api.errors import not_found, unprocessable
-from fencing.model.timeutil import iso, to_ms
+from fencing.model import live_stream
 from fencing.model.geometry import FenceError
-
-STREAM_ID = re.compile(r"\d{1,20}-\d{1,20}")
-import anyio.from_thread
-import shapely
+from fencing.model.timeutil import iso, to_ms
 
 router = APIRouter(prefix="/v1", tags=["queries"])
 
@@ -115,8 +112,8 @@ def stream_token(request: Request, who: Principal = Depends(farm_principal)) -> 
             "from POST /v1/events/stream-token)")
 async def stream_events(request: Request, who: Principal = Depends(auth.stream_principal)) -> StreamingResponse:
     last_id = request.headers.get("last-event-id")
-    if last_id is not None and not STREAM_ID.fullmatch(last_id):
-        raise unprocessable("Last-Event-ID: expected an event stream id such as 1732500000000-0")
+    if last_id is not None and live_stream.parse_event_id(last_id) is None:
+        raise unprocessable("Last-Event-ID: expected an event id of this stream such as 1732500000000-0.0")
     hub = request.app.state.event_hub
     try:
         sub = await hub.subscribe(who.farm_id, last_id)

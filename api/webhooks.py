@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 from api import webhook_targets
 from api.auth import Principal, farm_principal
 from api.errors import not_found, unprocessable
-from fencing.model import keys
+from fencing.model import keys, live_stream
 
 log = logging.getLogger("herdfence.webhooks")
 router = APIRouter(prefix="/v1", tags=["webhooks"])
@@ -158,8 +158,9 @@ class Deliverer:
         if not todo:
             return False
         for entry_id, fields in todo:
-            if fields:                       # a trimmed entry comes back empty: nothing to send
-                body = fields["event"].encode()
+            # an entry holds one write's new events, in time order (a trimmed one comes back empty)
+            for event in live_stream.entry_events(fields):
+                body = event.encode()
                 await asyncio.gather(*(self._post(farm_id, hook, body) for hook in hooks))
             await run_in_threadpool(self.redis.xack, stream, GROUP, entry_id)
         return True

@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from fencing.model import keys
+from fencing.model import keys, live_stream
 from fencing.model.heartbeat import Heartbeat, Progress, read_heartbeat, read_progress
 from loadgen.bench_stack import say
 from loadgen.herd import Simulation
@@ -222,14 +222,16 @@ def read_events(redis, farm_ids: list[str]) -> pd.DataFrame:
         cols: dict[str, list] = {c: [] for c in EVENT_COLUMNS}
         for farm, entries in zip(chunk, pipe.execute()):
             for entry_id, fields in entries:
-                ev = orjson.loads(fields["event"])
-                cols["farm"].append(farm)
-                cols["device_id"].append(ev["device_id"])
-                cols["fence_id"].append(intern(ev["fence_id"]) if ev["fence_id"] else ev["fence_id"])
-                cols["type"].append(intern(ev["type"]))
-                cols["ts"].append(ev["ts"])
-                cols["visible_ms"].append(int(entry_id.split("-", 1)[0]))
-                cols["event_id"].append(ev.get("event_id"))
+                visible_ms = int(entry_id.split("-", 1)[0])
+                for raw in live_stream.entry_events(fields):
+                    ev = orjson.loads(raw)
+                    cols["farm"].append(farm)
+                    cols["device_id"].append(ev["device_id"])
+                    cols["fence_id"].append(intern(ev["fence_id"]) if ev["fence_id"] else ev["fence_id"])
+                    cols["type"].append(intern(ev["type"]))
+                    cols["ts"].append(ev["ts"])
+                    cols["visible_ms"].append(visible_ms)
+                    cols["event_id"].append(ev.get("event_id"))
         if cols["farm"]:
             frame = pd.DataFrame(cols)
             frame["ts"] = to_epoch_ms(frame["ts"]).astype(np.int64)

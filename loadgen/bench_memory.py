@@ -176,7 +176,8 @@ def key_families(redis, farm_ids: list[str], fence_keys: list[tuple[str, str]], 
         add("device_record", keys.farm_devices(farm), redis.hlen(keys.farm_devices(farm)))
         add("event_data", keys.event_data(farm), redis.hlen(keys.event_data(farm)))
         add("event_index", keys.events(farm), redis.zcard(keys.events(farm)))
-        add("event_stream", keys.event_stream(farm), redis.xlen(keys.event_stream(farm)))
+        # its entries hold one write's events each: counted by events, which are the log's (until trimmed)
+        add("event_stream", keys.event_stream(farm), redis.hlen(keys.event_data(farm)))
         node = redis.get_node_from_key(keys.events(farm))
         for family, pattern in (("event_fence_index", keys.fence_events(farm, "*")),
                                 ("event_device_index", keys.device_events(farm, "*"))):

@@ -2,7 +2,7 @@
 device indexes, written by fencing.stream.sinks.EventLog) keeps the events of the last
 `HERDFENCE_EVENT_RETENTION_DAYS` days, by event time; older ones are dropped on a timer in the job
 driver. Without it the log of a farm grows for as
-long as its animals move. The live stream is capped on its own (sinks.STREAM_MAXLEN); the Kafka topic
+long as its animals move. The live stream is capped on its own (fencing.model.live_stream.MAXLEN); the Kafka topic
 `fence.events` and the report history on disk keep their own retention.
 
 A replayed batch re-adds none of the retained events (their ids are still there); an event already

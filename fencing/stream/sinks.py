@@ -8,12 +8,11 @@ import pyarrow.compute as pc
 
 from fencing.config import TOPIC_EVENTS
 from fencing.model.timeutil import iso_many
-from fencing.model import compact_json, keys, notify
+from fencing.model import compact_json, keys, live_stream, notify
 from fencing.model.event_index import LUA_COLLECT, KeyTable, index_keys
 from fencing.model.lease import FENCE_PRELUDE, epoch_key
 from fencing.model.node_pipe import NodePipeline
 
-STREAM_MAXLEN = 100_000
 
 
 # Lua: `ids` = the event ids in ARGV (every 5th from the 3rd); `known` = the farm's hash (KEYS[1]) at
@@ -33,15 +32,15 @@ local known = redis.call('HMGET', KEYS[1], unpack(ids))
 # A farm's events, each written only if its id is new, so a replayed batch adds nothing twice. One call
 # per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event. Fenced by the
 # writer's epoch (ARGV[1], KEYS[#KEYS]: fencing.model.lease) when it is > 0. Which ids are new comes from
-# one HMGET, and the new ones go into the hash and the time index with one HSET and one ZADD: a
-# command per event each was ~2 µs more of Redis CPU per event (AOF on); the live stream still takes
-# one XADD per event, in the events' order. Each new event also goes into its fence's and its
-# device's index (fencing.model.event_index): one ZADD per index key of the call. KEYS: the hash, the
-# time index, the stream, the index keys, the epoch mark; ARGV after the epoch and the stream's length:
-# (id, JSON, time, fence index position in KEYS, device index position)* (position 0: none).
+# one HMGET, and the new ones go into the hash and the time index with one HSET and one ZADD, and into
+# the live stream as one entry (fencing.model.live_stream): a command per event each was ~2 µs more of
+# Redis CPU per event (AOF on). Each new event also goes into its fence's and its device's index
+# (fencing.model.event_index): one ZADD per index key of the call. KEYS: the hash, the time index, the
+# stream, the index keys, the epoch mark; ARGV after the epoch and the stream's length: (id, JSON, time,
+# fence index position in KEYS, device index position)*, in time order (position 0: none).
 # At most LOG_CHUNK events a call (Lua's unpack limit: 8000).
 _ADD_EVENTS = FENCE_PRELUDE + _KNOWN_IDS + LUA_COLLECT + """
-local fields, scores, seen, flags, by = {}, {}, {}, {}, {}
+local fields, scores, seen, flags, by, live = {}, {}, {}, {}, {}, {}
 for j = 1, #ids do
   local id, i = ids[j], 5 * j - 2
   if known[j] or seen[id] then
@@ -54,7 +53,7 @@ for j = 1, #ids do
     scores[#scores + 1] = id
     collect(by, tonumber(ARGV[i + 3]), ARGV[i + 2], id)
     collect(by, tonumber(ARGV[i + 4]), ARGV[i + 2], id)
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'event', ARGV[i + 1])
+    live[#live + 1] = ARGV[i + 1]
     flags[j] = 1
   end
 end
@@ -62,6 +61,7 @@ if #fields > 0 then
   redis.call('HSET', KEYS[1], unpack(fields))
   redis.call('ZADD', KEYS[2], unpack(scores))
   zadd_all(by)
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'events', table.concat(live, '\\n'))
 end
 return flags
 """
@@ -123,7 +123,7 @@ class EventLog:
             rows.sort(key=lambda i: (events[i]["ts"], events[i]["event_id"]))    # the stream in time order
             for start in range(0, len(rows), LOG_CHUNK):
                 chunk = rows[start:start + LOG_CHUNK]
-                args = [epoch, STREAM_MAXLEN]
+                args = [epoch, live_stream.MAXLEN]
                 table = KeyTable([keys.event_data(farm_id), keys.events(farm_id), keys.event_stream(farm_id)])
                 for i in chunk:
                     event = events[i]

@@ -9,7 +9,7 @@ import secrets
 import orjson
 import pytest
 
-from fencing.model import keys
+from fencing.model import keys, live_stream
 from fencing.stream.sinks import Sinks
 
 
@@ -56,6 +56,12 @@ class _Recording:
         return self.writer.produce_records(topic, records)
 
 
+def _streamed_ids(redis, farm: str) -> list[list[str]]:
+    """The event ids of each entry of the farm's live stream, oldest entry first."""
+    return [[orjson.loads(e)["event_id"] for e in live_stream.entry_events(fields)]
+            for _, fields in redis.xrange(keys.event_stream(farm), "-", "+")]
+
+
 def _produced_ids(producer: _Recording) -> list[str]:
     return [orjson.loads(v)["event_id"] for _, _, v in producer.records]
 
@@ -72,7 +78,8 @@ def test_found_events_go_into_the_log_then_to_kafka_by_time(stack):
     assert producer.logged_first == [True] * 4             # each one was in the log before Kafka got it
     assert {t for t, _, _ in producer.records} == {"fence.events"}
     assert [k for _, k, _ in producer.records] == [b"f-1", b"f-1", b"cow-2", b"f-1"]
-    assert redis.hlen(keys.event_data(farm)) == 4 and redis.xlen(keys.event_stream(farm)) == 4
+    assert redis.hlen(keys.event_data(farm)) == 4
+    assert _streamed_ids(redis, farm) == [[f"ev-{farm}-{i}" for i in range(4)]]    # one entry, by time
 
 
 def test_events_found_again_are_logged_once_and_produced_again(stack):
@@ -88,7 +95,8 @@ def test_events_found_again_are_logged_once_and_produced_again(stack):
     producer.records.clear()
     assert sinks.write_found(_events([farm], 3)) == 1       # 2 logged already, 1 new
     assert _produced_ids(producer) == [f"ev-{farm}-{i}" for i in range(3)]
-    assert redis.hlen(keys.event_data(farm)) == 4 and redis.xlen(keys.event_stream(farm)) == 3
+    assert redis.hlen(keys.event_data(farm)) == 4
+    assert _streamed_ids(redis, farm) == [[f"ev-{farm}-0", f"ev-{farm}-1"], [f"ev-{farm}-2"]]
 
 
 def test_a_job_with_an_older_epoch_publishes_nothing(stack):
