@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from fencing.model import keys, live_stream
 
 log = logging.getLogger("herdfence.events")
-READ_COUNT = 500
+READ_COUNT = 5         # stream entries a read takes: at most 500 events (live_stream.ENTRY_EVENTS each)
 # The safety net's period: notices are the way events reach a feed, and a broken subscription reads
 # every feed once it is back (api/invalidation.py), so this only covers a notice lost on a healthy
 # connection. Its reads are spread over the period, never one burst: 834 farms' feeds read at once
@@ -99,11 +99,12 @@ class EventHub:
             seen = live_stream.parse_event_id(last_id) if last_id else None
             if seen is not None and not _before(feed.cursor, seen[0]):
                 entry, k = seen
+                # as many missed events as its queue holds, the oldest first (a longer absence loses the rest)
                 missed = await self._redis("xrange", keys.event_stream(farm_id), entry, feed.cursor,
-                                           self.queue_max)
+                                           self.queue_max // live_stream.ENTRY_EVENTS + 2)
                 for entry_id, fields in missed:
                     for i, event in enumerate(live_stream.entry_events(fields)):
-                        if entry_id != entry or i > k:
+                        if (entry_id != entry or i > k) and not sub.queue.full():
                             sub.queue.put_nowait(frame(live_stream.event_id(entry_id, i), event))
             feed.subscribers.add(sub)
         return sub

@@ -150,10 +150,10 @@ class Deliverer:
         stream = keys.event_stream(farm_id)
         # first what a dead worker had read and never acknowledged, then what is new
         claimed = await run_in_threadpool(self.redis.xautoclaim, stream, GROUP, self.consumer, CLAIM_IDLE_MS,
-                                          "0-0", 100)
+                                          "0-0", 10)
         todo = claimed[1] if claimed and claimed[1] else None
         if not todo:
-            entries = await run_in_threadpool(self.redis.xreadgroup, GROUP, self.consumer, {stream: ">"}, 100)
+            entries = await run_in_threadpool(self.redis.xreadgroup, GROUP, self.consumer, {stream: ">"}, 10)
             todo = entries[0][1] if entries else None
         if not todo:
             return False

@@ -1,23 +1,26 @@
 """A farm's live event stream (`evstream:{farm}`, a Redis stream): what its entries hold and the ids the
 API gives the events in them.
 
-The event log's writer (fencing.stream.sinks) adds ONE entry per write call that logged new events:
-field `events`, the new events' public JSON in time order, one per line (compact JSON holds no raw
-line break). An XADD per event was ~2.4 µs of Redis CPU more per event, with the AOF on (measured
-2026-11-28 with the writer's script on a standalone redis-server, 16 events a call); a sparse herd's
-batch logs ~150k events. Entries written one event each (field `event`) read the same way.
+The event log's writer (fencing.stream.sinks) adds one entry per write call that logged new events
+(more for more than ENTRY_EVENTS): field `events`, the new events' public JSON in time order, one per
+line (compact JSON holds no raw line break). An XADD per event was ~2.4 µs of Redis CPU more per
+event, with the AOF on (measured 2026-11-28 with the writer's script on a standalone redis-server, 16
+events a call); a sparse herd's batch logs ~150k events. Entries written one event each (field
+`event`) read the same way.
 
-The live streams (api/event_hub.py) and webhooks (api/webhooks.py) read entries and hand out their
-events one by one; an SSE event's id is its entry's id and its place in the entry (`<entry>.<k>`),
-so a browser that reconnects with Last-Event-ID resumes inside an entry, where it stopped.
+An entry holds at most ENTRY_EVENTS events (a write call with more adds several entries), so a reader
+that takes N entries at a time takes at most N x ENTRY_EVENTS events into its bounded queues. The live
+streams (api/event_hub.py) and webhooks (api/webhooks.py) read entries and hand out their events one
+by one; an SSE event's id is its entry's id and its place in the entry (`<entry>.<k>`), so a browser
+that reconnects with Last-Event-ID resumes inside an entry, where it stopped.
 """
 from __future__ import annotations
 
 import re
 
 FIELD = "events"
-MAXLEN = 100_000      # entries kept (approximate trim); an entry holds at least one event, so the stream
-                      # never holds fewer events than this, nor more than the farm's log
+ENTRY_EVENTS = 100    # events per entry at most
+MAXLEN = 100_000      # entries kept (an approximate trim), each of 1 to ENTRY_EVENTS events
 
 # an SSE event id: the entry's stream id, optionally `.k` (the k-th event of the entry, from 0)
 EVENT_ID = re.compile(r"(\d{1,20}-\d{1,20})(?:\.(\d{1,5}))?")

@@ -33,9 +33,9 @@ local known = redis.call('HMGET', KEYS[1], unpack(ids))
 # per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event. Fenced by the
 # writer's epoch (ARGV[1], KEYS[#KEYS]: fencing.model.lease) when it is > 0. Which ids are new comes from
 # one HMGET, and the new ones go into the hash and the time index with one HSET and one ZADD, and into
-# the live stream as one entry (fencing.model.live_stream): a command per event each was ~2 µs more of
-# Redis CPU per event (AOF on). Each new event also goes into its fence's and its device's index
-# (fencing.model.event_index): one ZADD per index key of the call. KEYS: the hash, the time index, the
+# the live stream as entries of up to ENTRY_EVENTS events (fencing.model.live_stream): a command per
+# event each was ~2 µs more of Redis CPU per event (AOF on). Each new event also goes into its fence's
+# and its device's index (fencing.model.event_index): one ZADD per index key of the call. KEYS: the hash, the time index, the
 # stream, the index keys, the epoch mark; ARGV after the epoch and the stream's length: (id, JSON, time,
 # fence index position in KEYS, device index position)*, in time order (position 0: none).
 # At most LOG_CHUNK events a call (Lua's unpack limit: 8000).
@@ -61,10 +61,13 @@ if #fields > 0 then
   redis.call('HSET', KEYS[1], unpack(fields))
   redis.call('ZADD', KEYS[2], unpack(scores))
   zadd_all(by)
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'events', table.concat(live, '\\n'))
+  for s = 1, #live, ENTRY_EVENTS do
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'events',
+               table.concat(live, '\\n', s, math.min(s + ENTRY_EVENTS - 1, #live)))
+  end
 end
 return flags
-"""
+""".replace("ENTRY_EVENTS", str(live_stream.ENTRY_EVENTS))
 LOG_CHUNK = 2000
 
 def public_events(events: list[dict]) -> list[bytes]:

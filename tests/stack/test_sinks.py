@@ -99,6 +99,19 @@ def test_events_found_again_are_logged_once_and_produced_again(stack):
     assert _streamed_ids(redis, farm) == [[f"ev-{farm}-0", f"ev-{farm}-1"], [f"ev-{farm}-2"]]
 
 
+def test_a_large_write_fills_bounded_stream_entries(stack):
+    """A stream reader's queue takes whole entries: a write of more events than an entry holds adds
+    several, each full but the last, in time order."""
+    redis = stack.redis
+    sinks = Sinks(redis, _Recording(stack.settings.kafka_bootstrap, redis))
+    farm = f"bigfarm-{secrets.token_hex(4)}"
+    n = 2 * live_stream.ENTRY_EVENTS + 7
+    assert sinks.write_found(_events([farm], n)) == n
+    entries = _streamed_ids(redis, farm)
+    assert [len(e) for e in entries] == [live_stream.ENTRY_EVENTS, live_stream.ENTRY_EVENTS, 7]
+    assert [i for e in entries for i in e] == [f"ev-{farm}-{i}" for i in range(n)]
+
+
 def test_a_job_with_an_older_epoch_publishes_nothing(stack):
     redis = stack.redis
     producer = _Recording(stack.settings.kafka_bootstrap, redis)

@@ -36,10 +36,10 @@ class _Stream:
         return [(i, f) for i, f in self.entries if at(lo) <= at(i) <= at(hi)][:count]
 
 
-def _resume(last_id: str) -> list[tuple[str, str]]:
-    entries = [("5-0", {"events": "a\nb\nc"}), ("6-0", {"events": "d"}), ("7-0", {"event": "e"})]
-    hub = EventHub(_Stream(entries))
-    hub.feeds["farm"] = _Feed("7-0")
+def _resume(last_id: str, entries: list | None = None, queue_max: int = 1000) -> list[tuple[str, str]]:
+    entries = entries or [("5-0", {"events": "a\nb\nc"}), ("6-0", {"events": "d"}), ("7-0", {"event": "e"})]
+    hub = EventHub(_Stream(entries), queue_max=queue_max)
+    hub.feeds["farm"] = _Feed(entries[-1][0])
 
     async def run():
         sub = await hub.subscribe("farm", last_id)
@@ -57,3 +57,11 @@ def test_a_reconnect_resumes_after_the_last_event_seen_even_inside_an_entry():
     assert _resume("5-0") == [("6-0.0", "d"), ("7-0.0", "e")]        # an id from one event an entry
     assert _resume("7-0.0") == []
     assert _resume("8-0.0") == []                                      # ahead of the stream: nothing
+
+
+def test_a_long_absence_catches_up_as_much_as_the_queue_holds_oldest_first():
+    per = live_stream.ENTRY_EVENTS
+    entries = [(f"{10 + e}-0", {"events": "\n".join(f"e{e}.{i}" for i in range(per))}) for e in range(30)]
+    got = _resume("9-0.0", entries, queue_max=250)
+    assert len(got) == 250
+    assert got[0] == ("10-0.0", "e0.0") and got[-1] == (f"12-0.{249 - 2 * per}", f"e2.{249 - 2 * per}")
