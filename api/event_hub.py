@@ -99,7 +99,8 @@ class EventHub:
             seen = live_stream.parse_event_id(last_id) if last_id else None
             if seen is not None and not _before(feed.cursor, seen[0]):
                 entry, k = seen
-                # as many missed events as its queue holds, the oldest first (a longer absence loses the rest)
+                # as many missed events as its queue holds, oldest first (a longer absence loses the rest);
+                # entries enough to fill it, the first of them perhaps seen in part
                 missed = await self._redis("xrange", keys.event_stream(farm_id), entry, feed.cursor,
                                            self.queue_max // live_stream.ENTRY_EVENTS + 2)
                 for entry_id, fields in missed:

@@ -1,9 +1,9 @@
 """Event retention: each farm's event log in Redis (the event hash, its time index and its fence and
 device indexes, written by fencing.stream.sinks.EventLog) keeps the events of the last
 `HERDFENCE_EVENT_RETENTION_DAYS` days, by event time; older ones are dropped on a timer in the job
-driver. Without it the log of a farm grows for as
-long as its animals move. The live stream is capped on its own (fencing.model.live_stream.MAXLEN); the Kafka topic
-`fence.events` and the report history on disk keep their own retention.
+driver. Without it the log of a farm grows for as long as its animals move. The live stream is capped
+on its own (fencing.model.live_stream.MAXLEN); the Kafka topic `fence.events` and the report history on
+disk keep their own retention.
 
 A replayed batch re-adds none of the retained events (their ids are still there); an event already
 older than the retention when it was made (a collar's backlog from months ago) is kept until the next

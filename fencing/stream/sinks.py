@@ -14,7 +14,6 @@ from fencing.model.lease import FENCE_PRELUDE, epoch_key
 from fencing.model.node_pipe import NodePipeline
 
 
-
 # Lua: `ids` = the event ids in ARGV (every 5th from the 3rd); `known` = the farm's hash (KEYS[1]) at
 # those ids, one HMGET (a call without ids returns an empty list at once).
 _KNOWN_IDS = """
@@ -35,9 +34,10 @@ local known = redis.call('HMGET', KEYS[1], unpack(ids))
 # one HMGET, and the new ones go into the hash and the time index with one HSET and one ZADD, and into
 # the live stream as entries of up to ENTRY_EVENTS events (fencing.model.live_stream): a command per
 # event each was ~2 µs more of Redis CPU per event (AOF on). Each new event also goes into its fence's
-# and its device's index (fencing.model.event_index): one ZADD per index key of the call. KEYS: the hash, the time index, the
-# stream, the index keys, the epoch mark; ARGV after the epoch and the stream's length: (id, JSON, time,
-# fence index position in KEYS, device index position)*, in time order (position 0: none).
+# and its device's index (fencing.model.event_index): one ZADD per index key of the call. KEYS: the
+# hash, the time index, the stream, the index keys, the epoch mark; ARGV after the epoch and the
+# stream's length: (id, JSON, time, fence index position in KEYS, device index position)*, in time
+# order (position 0: none).
 # At most LOG_CHUNK events a call (Lua's unpack limit: 8000).
 _ADD_EVENTS = FENCE_PRELUDE + _KNOWN_IDS + LUA_COLLECT + """
 local fields, scores, seen, flags, by, live = {}, {}, {}, {}, {}, {}
@@ -62,12 +62,12 @@ if #fields > 0 then
   redis.call('ZADD', KEYS[2], unpack(scores))
   zadd_all(by)
   for s = 1, #live, ENTRY_EVENTS do
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'events',
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'ENTRY_FIELD',
                table.concat(live, '\\n', s, math.min(s + ENTRY_EVENTS - 1, #live)))
   end
 end
 return flags
-""".replace("ENTRY_EVENTS", str(live_stream.ENTRY_EVENTS))
+""".replace("ENTRY_EVENTS", str(live_stream.ENTRY_EVENTS)).replace("ENTRY_FIELD", live_stream.FIELD)
 LOG_CHUNK = 2000
 
 def public_events(events: list[dict]) -> list[bytes]:
