@@ -39,7 +39,7 @@ def stage_table(sim, loaded, lo: int, hi: int) -> pa.Table:
 
 
 def run(fences: int, points: int, devices: int, batches: int = 5, seed: int = 0, progress: bool = True) -> dict:
-    from fencing.model.lease import EPOCH_KEY
+    from fencing.model.job_user import EPOCH_KEY
     from fencing.stream import process, routing, worker_gc
     from fencing.stream.silent import SEEN_STEP_MS
     from loadgen.bench_load import load_simulation
@@ -58,14 +58,14 @@ def run(fences: int, points: int, devices: int, batches: int = 5, seed: int = 0,
         loaded = load_simulation(redis, sim, progress=progress)
         if stack.private:
             say("stopping the private stack's job: the measurement gets the cores to itself")
-            stack.stop_job()       # the lease's epoch stays: the writes are fenced by it, as the job's are
+            stack.stop_job()       # the lease's epoch stays: the writes go as its user, as the job's do
         host, port = stack.settings.redis_node
         run_id = f"stage-{loaded.tag}"
         edges = np.linspace(0, len(sim.reports), batches + 1).astype(int)
         say(f"{batches} batches of ~{edges[1]:,} reports through the process stage, on one core")
         for b, (lo, hi) in enumerate(zip(edges[:-1].tolist(), edges[1:].tolist())):
             table = stage_table(sim, loaded, lo, hi)
-            # the stack's job holds the lease: these writes are fenced by its epoch, as its tasks' are
+            # the stack's job holds the lease: these writes go as its epoch's user, as its tasks' do
             ctx = process.ProcessContext(b, host, port, routing.load(redis), frozenset(), "", run_id, SEEN_STEP_MS,
                                          int(redis.get(EPOCH_KEY) or 0))
             with worker_gc.collector_paused():

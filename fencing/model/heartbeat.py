@@ -135,10 +135,10 @@ class Heartbeat:
         slim = [dataclasses.replace(p, groups={}, route_groups={}, children={}) for p in self.partitions]
         return dataclasses.replace(self, partitions=slim)
 
-    def write(self, redis, epoch: int = 0) -> None:
-        """Write it (`stored`), fenced by the lease's epoch when > 0 (fencing.model.lease)."""
+    def write(self, redis) -> None:
+        """Write it (`stored`); the active job writes with its epoch's client (fencing.model.job_user)."""
         raw = self.stored().to_json()
-        pipe = NodePipeline(redis, epoch)
+        pipe = NodePipeline(redis)
         pipe.command(keys.JOB_HEARTBEAT, "SET", keys.JOB_HEARTBEAT, raw)
         pipe.command(keys.JOB_PROGRESS, "SET", keys.JOB_PROGRESS, orjson.dumps(self.progress()))
         # recent beats (the elastic scenario reads them)
@@ -189,8 +189,8 @@ class RunningBatch:
     started: float
     planned_ends: dict[str, int] = field(default_factory=dict)   # gps.reports partition → end offset
 
-    def write(self, redis, epoch: int = 0) -> None:
-        pipe = NodePipeline(redis, epoch)
+    def write(self, redis) -> None:
+        pipe = NodePipeline(redis)
         pipe.command(keys.JOB_BATCH, "SET", keys.JOB_BATCH, orjson.dumps(self))
         pipe.execute()
 

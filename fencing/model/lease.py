@@ -14,12 +14,11 @@ it at once. A paused or cut-off holder keeps its connection (or cannot be
 told apart from one that does): the TTL decides, and the epoch fences whatever it writes afterwards.
 
 Losing the lease is not enough to stop an old driver: a paused process cannot notice anything. So
-every write of the job carries its epoch and is checked on the Redis side, atomically with the write,
-against the highest epoch that wrote into that hash slot (`{tag}:epoch`, a fencing token per slot):
-an older epoch is refused (`FENCED`), a newer one raises the slot's mark. The new active raises the
-mark of every slot it writes; a resumed old driver is refused there. A slot the new active has not
-written yet can still take the old driver's write, which is the same batch's deterministic result
-(same checkpoint, same offsets) that the new active writes again, versioned by batch.
+each epoch writes as its own Redis user, and taking the lease deletes the older epochs' users on
+every node before the first write (fencing.model.job_user): a resumed old driver's connections are
+closed and it cannot authenticate again. Whatever it wrote before that is the same batch's
+deterministic result (same checkpoint, same offsets) that the new active writes again, versioned by
+batch.
 """
 from __future__ import annotations
 
@@ -28,16 +27,15 @@ import threading
 import time
 from typing import Callable
 
+from fencing.model.job_user import EPOCH_KEY
 from fencing.model.redis_conn import node_connection
 
 log = logging.getLogger(__name__)
 
 LEASE_KEY = "{job}:lease"       # the holder's id, with a TTL
-EPOCH_KEY = "{job}:epoch"       # incremented by every take-over (same slot as the lease)
 STANDBY_KEY = "{job}:standby"   # the holder id of the job process standing by, warm, for the lease
 PRESENCE_PREFIX = "herdfence-lease:"   # CLIENT SETNAME of a job's presence connection, + its holder id
 ABSENT_POLLS = 3                 # a holder's presence missing this many polls in a row (0.2 s): it died
-LUA_UNPACK_MAX = 7_000          # Lua's unpack() takes ~8,000 values at most: longer commands are split
 
 _ACQUIRE = """
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -64,111 +62,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-# The check of a fenced write, first in its script: KEYS[1] = the slot's epoch mark, ARGV[1] = the
-# writer's epoch. An older epoch is refused; a newer one raises the mark.
-_MARK_FIRST = """
-local mark = tonumber(redis.call('GET', KEYS[1]) or '0')
-local mine = tonumber(ARGV[1])
-if mark > mine then
-  return redis.error_reply('FENCED epoch ' .. mine .. ' is older than ' .. mark)
-end
-if mark < mine then
-  redis.call('SET', KEYS[1], ARGV[1])
-end
-"""
-# One write: KEYS[2] = the key written; ARGV[2] = the command, ARGV[3..] = its arguments after the key
-FENCED_COMMAND = _MARK_FIRST + """
-return redis.call(ARGV[2], KEYS[2], unpack(ARGV, 3))
-"""
-# Every fenced write of one batch to one master, in one call (NodePipeline groups them per node): the
-# writes of each epoch mark (one per hash tag) in turn, each mark checked once. No error stops the
-# script half-way: a mark that cannot be read or raised refuses its own writes, each write answers
-# for itself, so a retry runs only what did not run. The flag lets the script reach keys
-# of several slots of its node; only the first mark is declared, so that the call is routed to the
-# node that holds it (a key this node does not serve fails alone, as its own error). ARGV[1] = the
-# writer's epoch; then per mark: the mark, its write count, and per write: its argument count n, the
-# command, the key and its n arguments after the key. Each write's answer (or error) in turn; a refused
-# mark answers FENCED for each of its writes.
-FENCED_NODE = """#!lua flags=allow-cross-slot-keys
-local mine = tonumber(ARGV[1])
-local out, a, last = {}, 2, #ARGV
-while a <= last do
-  local mark, writes = ARGV[a], tonumber(ARGV[a + 1])
-  a = a + 2
-  local refused = false
-  local got = redis.pcall('GET', mark)
-  if type(got) == 'table' and got.err then
-    refused = got
-  else
-    local have = tonumber(got or '0')
-    if have == nil then
-      refused = redis.error_reply('bad epoch mark ' .. mark)
-    elseif have > mine then
-      refused = redis.error_reply('FENCED epoch ' .. mine .. ' is older than ' .. have)
-    elseif have < mine then
-      local set = redis.pcall('SET', mark, ARGV[1])
-      if type(set) == 'table' and set.err then
-        refused = set
-      end
-    end
-  end
-  for _ = 1, writes do
-    local n = tonumber(ARGV[a])
-    if refused then
-      out[#out + 1] = refused
-    else
-      out[#out + 1] = redis.pcall(ARGV[a + 1], ARGV[a + 2], unpack(ARGV, a + 3, a + 2 + n))
-    end
-    a = a + 3 + n
-  end
-end
-return out
-"""
-# The same check as a prelude for scripts that write several keys of one slot (the event log):
-# KEYS[#KEYS] is the slot's epoch mark, ARGV[1] the writer's epoch (0: not fenced)
-FENCE_PRELUDE = """
-local mine = tonumber(ARGV[1])
-if mine > 0 then
-  local mark = tonumber(redis.call('GET', KEYS[#KEYS]) or '0')
-  if mark > mine then
-    return redis.error_reply('FENCED epoch ' .. mine .. ' is older than ' .. mark)
-  end
-  if mark < mine then
-    redis.call('SET', KEYS[#KEYS], ARGV[1])
-  end
-end
-"""
-
-
-class Fenced(RuntimeError):
-    """A write refused because a newer epoch (a newer active job) has written there."""
-
-
-def epoch_key(key: str) -> str:
-    """The epoch mark of the hash slot `key` lives in (same hash tag, so the same slot)."""
-    start = key.find("{")
-    if start >= 0:
-        end = key.find("}", start + 1)
-        if end > start + 1:
-            return f"{{{key[start + 1:end]}}}:epoch"
-    return f"{{{key}}}:epoch"
-
-
-# how to split a command too long for one Lua unpack: (arguments per item after the key)
-_SPLITTABLE = {"HSET": 2, "ZADD": 2, "SADD": 1, "SREM": 1, "HDEL": 1}
-
-
-def split_command(args: tuple) -> list[tuple]:
-    """`args` (command, key, rest...) as several commands of the same effect when `rest` is too long
-    for the fenced script's unpack; other commands are returned as they are."""
-    name, key, rest = args[0], args[1], args[2:]
-    step = _SPLITTABLE.get(str(name).upper())
-    if step is None or len(rest) <= LUA_UNPACK_MAX:
-        return [args]
-    size = LUA_UNPACK_MAX - LUA_UNPACK_MAX % step
-    return [(name, key, *rest[i:i + size]) for i in range(0, len(rest), size)]
-
-
 class Lease:
     """The job's lease in Redis: `acquire` blocks until this process holds it and returns the epoch;
     a renewal thread keeps it and calls `on_lost` (once) when it cannot."""

@@ -13,8 +13,9 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from fencing.config import Settings
+from fencing.model.job_user import SCOPE, JobConnection, job_user
 
-_clients: dict[tuple[str, int], RedisCluster] = {}
+_clients: dict[tuple[str, int, int, str], RedisCluster] = {}
 _lock = threading.Lock()
 TIMEOUTS = {"socket_timeout": 10, "socket_connect_timeout": 5}
 
@@ -38,12 +39,16 @@ def node_connection(host: str, port: int, name: str) -> Redis:
     return conn
 
 
-def cluster(host: str, port: int) -> RedisCluster:
-    """This process's shared synchronous client for that node's cluster."""
+def cluster(host: str, port: int, epoch: int = 0, scope: str = SCOPE) -> RedisCluster:
+    """This process's shared synchronous client for that node's cluster; `epoch` > 0: connected as that
+    lease epoch's job user (fencing.model.job_user), whose writes stop when a newer job takes over."""
     with _lock:
-        client = _clients.get((host, port))
+        client = _clients.get((host, port, epoch, scope))
         if client is None:
-            client = _clients[(host, port)] = new_cluster(host, port)
+            # with a url, the node clients' pools are built from the kwargs, connection_class included
+            as_job = {"username": job_user(epoch, scope), "password": "-", "url": f"redis://{host}:{port}",
+                      "connection_class": JobConnection} if epoch else {}
+            client = _clients[(host, port, epoch, scope)] = new_cluster(host, port, **as_job)
         return client
 
 

@@ -9,7 +9,8 @@ for the elastic controller.
 
 Hot standby (issue 19): two job processes run; the one holding the lease (fencing.model.lease) runs
 the query, the other has its SparkSession, Python workers and fence caches warm and waits for the
-lease. Every write of the active one is fenced by its lease epoch on the Redis side.
+lease. The active one writes as its lease epoch's Redis user (fencing.model.job_user): a take-over
+deletes that user, which stops an old driver's writes.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ from fencing.stream import routing
 from fencing.model.fence_store import DELETED_FENCES
 from fencing.model.heartbeat import Heartbeat, PartitionStats, ReaderTiming, RunningBatch
 from fencing.model.offset_log import logged_offsets
+from fencing.model.job_user import admit_everywhere
 from fencing.model.lease import Lease, mark_standby
 from fencing.stream.process import ProcessContext, process_partition
 from fencing.stream import fork_server, rows
@@ -61,6 +63,7 @@ class BatchProcessor:
         self.checkpoint = str(settings.checkpoint_dir)
         self.redis = cluster(*settings.redis_node)
         self.sinks = Sinks(self.redis, KafkaWriter(settings.kafka_bootstrap))
+        self.epoch = 0                        # the lease epoch it writes under (0: a test's processor)
         self.observer = observer              # the elastic controller, when running
         self.totals = {"events": 0, "dead": 0, "points": 0, "redis_local": 0, "redis_cross": 0, "shed": 0}
         self.elastic = ELASTIC
@@ -70,14 +73,15 @@ class BatchProcessor:
         self.lease: Lease | None = None       # its lease (None: a test's processor)
         self.batches_run = 0
 
-    @property
-    def epoch(self) -> int:
-        """The lease epoch this job writes under (0: unfenced, a test's processor)."""
-        return self.sinks.epoch
-
-    @epoch.setter
-    def epoch(self, value: int) -> None:
-        self.sinks.epoch = value
+    def take_over(self, epoch: int) -> None:
+        """Write from now on as `epoch`'s job user, admitted on every node first: the older epochs'
+        users are deleted there, and with them their connections (fencing.model.job_user)."""
+        missed = admit_everywhere(self.redis, epoch)
+        if missed:
+            log.warning("job user of epoch %d not admitted yet on %s (admitted on first use)", epoch, missed)
+        self.epoch = epoch
+        self.redis = cluster(*self.settings.redis_node, epoch=epoch)
+        self.sinks = Sinks(self.redis, self.sinks.producer)
 
     @property
     def run_id(self) -> str:
@@ -93,7 +97,7 @@ class BatchProcessor:
             log.info("first batch %s starts %.2f s after this job took the lease", batch_id, started - self.active_since)
         self.batches_run += 1
         # what `up` and `status` name while this batch runs (a batch that cannot finish says which)
-        RunningBatch(batch_id, started, logged_offsets(self.checkpoint, batch_id) or {}).write(self.redis, self.epoch)
+        RunningBatch(batch_id, started, logged_offsets(self.checkpoint, batch_id) or {}).write(self.redis)
         table = routing.load(self.redis)
         n = table.partitions
         host, port = self.settings.redis_node
@@ -160,7 +164,7 @@ class BatchProcessor:
         if beat.log_gaps:
             log.warning("batch %d: skipped gaps in the input log (offsets no record holds): %s", batch_id,
                         ", ".join(f"{g['topic']}[{g['partition']}] {g['start']}..{g['end'] - 1}" for g in beat.log_gaps))
-        beat.write(self.redis, self.epoch)
+        beat.write(self.redis)
         if self.observer is not None:
             self.observer(beat)
 
@@ -261,14 +265,15 @@ def main() -> None:
             _try(keep_warm.warm_once, "warming the Python workers")
         keep_warm.start()
     writer = query_writer(spark, settings, processor)
-    processor.epoch = epoch
-    if not processor.epoch:         # another job is active: stand by, warm
+    taken = epoch
+    if not taken:         # another job is active: stand by, warm
         _try(lambda: mark_standby(processor.redis, processor.holder), "marking the standby ready")
         log.info("herdfence job %s ready; standing by for the lease", processor.holder)
-        processor.epoch = lease.acquire(stop=waiting)
-    if not processor.epoch:        # SIGTERM while standing by
+        taken = lease.acquire(stop=waiting)
+    if not taken:        # SIGTERM while standing by
         logging.shutdown()
         os._exit(0)
+    processor.take_over(taken)      # before its first write
     if lowered:
         log.info("back to the normal CPU priority (%d threads)", standby_priority.restore())
     if not warm_executors:

@@ -44,7 +44,7 @@ class ProcessContext:
     history_dir: str = ""       # Parquet history root (shared storage on a cluster); "" = none
     run_id: str = ""            # the streaming query's id: batch ids restart when a checkpoint is cleared
     seen_step_ms: int = 0       # a device's last-seen index entry is rewritten once it is this old (silent.py)
-    epoch: int = 0              # the active job's lease epoch: every write is fenced by it (fencing.model.lease)
+    epoch: int = 0              # the active job's lease epoch: the tasks write as its user (fencing.model.job_user)
     elastic: bool = False       # report the loads the elastic controller plans by (per group and bucket)
 
     @property
@@ -172,7 +172,7 @@ def _merged(a: PartitionStats, b: PartitionStats) -> PartitionStats:
 
 
 def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
-    redis = cluster(ctx.redis_host, ctx.redis_port)
+    redis = cluster(ctx.redis_host, ctx.redis_port, ctx.epoch)
     counter = CallCounter(ctx.routing, partition)
     # Arrival (Kafka offset) order per device, not ts order: a late report must meet the state its
     # device already has, whichever batch it lands in (the shuffle keeps one map task's row order).
@@ -204,13 +204,13 @@ def _process_reports(ctx: ProcessContext, partition: int, reports: pa.Table):
     devices.frame_ts, devices.frame_lat, devices.frame_lon = outcome.ts, outcome.lat, outcome.lon
     clock.lap("advance")
     changed = _write_all(redis, ctx.version, devices, states, latest_row, events, counter, ctx.seen_step_ms,
-                         ctx.epoch, outcome.dropped)
+                         outcome.dropped)
     clock.lap("write")
     # the task's events into their farms' logs (once per event id) before the batch commits: a
     # replay recomputes the same ids, and the driver only produces them to Kafka
     dicts = [e.__dict__ for e in events]
     publics = public_events(dicts)
-    event_log(redis).add(dicts, ctx.epoch, publics, returning=False)
+    event_log(redis).add(dicts, publics, returning=False)
     # after the writes AND the events: API workers drop cached answers, and their live streams read
     # the farm's events at once (announced before the events, a stream waited for its next poll)
     notify.live_changed(redis, changed)
@@ -306,7 +306,7 @@ def _read_states(redis, version: str, devices: DeviceBatch, counter: CallCounter
 
 
 def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceState], latest_row: np.ndarray,
-               events: list[Event], counter: CallCounter, seen_step_ms: int = 0, epoch: int = 0,
+               events: list[Event], counter: CallCounter, seen_step_ms: int = 0,
                dropped: list[tuple[str, str, int]] = ()) -> set[str]:
     """All writes of the task in one pipeline, batched per key: device state per home group, device
     locations per bucket, positions per farm, position index per cell, members per fence. Plain
@@ -353,7 +353,7 @@ def _write_all(redis, version: str, devices: DeviceBatch, states: list[DeviceSta
             removed_by_old.setdefault(moved_from, []).append(dkey)
         if old is None or moved_from:
             locations.setdefault(keys.device_location(dkey), {})[dkey] = home
-    pipe = NodePipeline(redis, epoch)
+    pipe = NodePipeline(redis)
     for home, mapping in state_by_home.items():
         pipe.hset(keys.group_state(home), mapping)
         counter.count(home)

@@ -10,15 +10,14 @@ from fencing.config import TOPIC_EVENTS
 from fencing.model.timeutil import iso_many
 from fencing.model import compact_json, keys, live_stream, notify
 from fencing.model.event_index import LUA_COLLECT, KeyTable, index_keys
-from fencing.model.lease import FENCE_PRELUDE, epoch_key
 from fencing.model.node_pipe import NodePipeline
 
 
-# Lua: `ids` = the event ids in ARGV (every 5th from the 3rd); `known` = the farm's hash (KEYS[1]) at
+# Lua: `ids` = the event ids in ARGV (every 5th from the 2nd); `known` = the farm's hash (KEYS[1]) at
 # those ids, one HMGET (a call without ids returns an empty list at once).
 _KNOWN_IDS = """
 local ids = {}
-for i = 3, #ARGV, 5 do
+for i = 2, #ARGV, 5 do
   ids[#ids + 1] = ARGV[i]
 end
 if #ids == 0 then
@@ -29,20 +28,18 @@ local known = redis.call('HMGET', KEYS[1], unpack(ids))
 
 
 # A farm's events, each written only if its id is new, so a replayed batch adds nothing twice. One call
-# per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event. Fenced by the
-# writer's epoch (ARGV[1], KEYS[#KEYS]: fencing.model.lease) when it is > 0. Which ids are new comes from
-# one HMGET, and the new ones go into the hash and the time index with one HSET and one ZADD, and into
+# per farm and batch (all keys share the farm's slot); returns a 1/0 flag per event. Which ids are new
+# comes from one HMGET, and the new ones go into the hash and the time index with one HSET and one ZADD, and into
 # the live stream as entries of up to ENTRY_EVENTS events (fencing.model.live_stream): a command per
 # event each was ~2 µs more of Redis CPU per event (AOF on). Each new event also goes into its fence's
 # and its device's index (fencing.model.event_index): one ZADD per index key of the call. KEYS: the
-# hash, the time index, the stream, the index keys, the epoch mark; ARGV after the epoch and the
-# stream's length: (id, JSON, time, fence index position in KEYS, device index position)*, in time
-# order (position 0: none).
+# hash, the time index, the stream, the index keys; ARGV after the stream's length: (id, JSON, time,
+# fence index position in KEYS, device index position)*, in time order (position 0: none).
 # At most LOG_CHUNK events a call (Lua's unpack limit: 8000).
-_ADD_EVENTS = FENCE_PRELUDE + _KNOWN_IDS + LUA_COLLECT + """
+_ADD_EVENTS = _KNOWN_IDS + LUA_COLLECT + """
 local fields, scores, seen, flags, by, live = {}, {}, {}, {}, {}, {}
 for j = 1, #ids do
-  local id, i = ids[j], 5 * j - 2
+  local id, i = ids[j], 5 * j - 3
   if known[j] or seen[id] then
     flags[j] = 0
   else
@@ -62,7 +59,7 @@ if #fields > 0 then
   redis.call('ZADD', KEYS[2], unpack(scores))
   zadd_all(by)
   for s = 1, #live, ENTRY_EVENTS do
-    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[2], '*', 'ENTRY_FIELD',
+    redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[1], '*', 'ENTRY_FIELD',
                table.concat(live, '\\n', s, math.min(s + ENTRY_EVENTS - 1, #live)))
   end
 end
@@ -111,7 +108,7 @@ class EventLog:
         self.add_events = redis.register_script(_ADD_EVENTS)
         redis.script_load(_ADD_EVENTS)              # on every master: the pipelined EVALSHA needs it
 
-    def add(self, events: list[dict], epoch: int = 0, publics: list[bytes] | None = None,
+    def add(self, events: list[dict], publics: list[bytes] | None = None,
             returning: bool = True) -> list[tuple[dict, bytes]]:
         """Each event into its farm's log unless its id is there already; returns the new ones, by
         time, each with its public JSON (`publics`: already made by the caller, in `events`' order;
@@ -126,13 +123,13 @@ class EventLog:
             rows.sort(key=lambda i: (events[i]["ts"], events[i]["event_id"]))    # the stream in time order
             for start in range(0, len(rows), LOG_CHUNK):
                 chunk = rows[start:start + LOG_CHUNK]
-                args = [epoch, live_stream.MAXLEN]
+                args = [live_stream.MAXLEN]
                 table = KeyTable([keys.event_data(farm_id), keys.events(farm_id), keys.event_stream(farm_id)])
                 for i in chunk:
                     event = events[i]
                     by_fence, by_device = index_keys(farm_id, event["fence_id"], event["device_id"])
                     args += (event["event_id"], publics[i], event["ts"], table.at(by_fence), table.at(by_device))
-                pipe.script(self.add_events, [*table.keys, epoch_key(keys.events(farm_id))], args)
+                pipe.script(self.add_events, table.keys, args)
                 chunks.append(chunk)
         if not chunks:
             return []
@@ -164,11 +161,12 @@ def event_log(redis) -> EventLog:
 
 class Sinks:
     """The driver's side of a batch: its events to Kafka `fence.events` (once per batch id: the
-    tasks have put them in Redis), dead letters to `gps.reports.dlq`, pings."""
+    tasks have put them in Redis), dead letters to `gps.reports.dlq`, pings. `redis`: the active
+    job's client (its epoch's user, fencing.model.job_user): a driver that lost its lease fails on its
+    first command here and produces nothing."""
 
-    def __init__(self, redis, producer, epoch: int = 0):
+    def __init__(self, redis, producer):
         self.redis, self.producer = redis, producer
-        self.epoch = epoch              # the lease's epoch: every write is fenced by it (0: not fenced)
         self.log = event_log(redis)
 
     def write(self, batch_id: str, events: pa.Table, dead_letters: list[str], pings: list[str]) -> None:
@@ -176,37 +174,26 @@ class Sinks:
         `payload`, `key` = fence id, `ts`, `eid` = event id), produced by time from Arrow in chunks."""
         marker = keys.SINK_DONE.format(batch_id)
         if not self.redis.get(marker):
-            self.check_epoch(marker)    # a driver that lost its lease produces nothing
             # Kafka has no upsert: the marker keeps a replayed batch from producing again; consumers can
             # also drop duplicates by the deterministic event_id.
             self.producer.produce_records(TOPIC_EVENTS, event_records(events))
             self.producer.produce_records("gps.reports.dlq", [(None, d.encode()) for d in dead_letters])
-            self.set(marker, "1", ex=7 * 24 * 3600)
+            self.redis.set(marker, "1", ex=7 * 24 * 3600)
+        pipe = NodePipeline(self.redis)
         for ping in pings:
-            self.set(keys.JOB_PING.format(ping), batch_id, ex=3600)
-
-    def set(self, key: str, value: str, ex: int | None = None) -> None:
-        """SET, fenced by the epoch."""
-        pipe = NodePipeline(self.redis, self.epoch)
-        pipe.command(key, "SET", key, value, *(("EX", ex) if ex else ()))
+            key = keys.JOB_PING.format(ping)
+            pipe.command(key, "SET", key, batch_id, "EX", 3600)
         pipe.execute()
-
-    def check_epoch(self, key: str) -> None:
-        """Raise (FENCED) unless this job's epoch may still write into `key`'s slot."""
-        if self.epoch:
-            pipe = NodePipeline(self.redis, self.epoch)
-            pipe.command(key, "PEXPIRE", key, 7 * 24 * 3600 * 1000)   # a fenced no-op on a missing key
-            pipe.execute()
 
     def write_found(self, events: list[dict]) -> int:
         """Events outside any batch (the silent scanner), in the order a batch's events take: into
-        their farms' logs (each id once, fenced by the epoch), then to Kafka `fence.events` by time —
+        their farms' logs (each id once), then to Kafka `fence.events` by time —
         every one of them, new to the log or not. The scanner forgets a device only after this
         returns, so an event it finds again was never known to be produced: a crash in between
         produces it again (consumers drop a repeat by its event_id), never loses it. Returns how many
         were new to the logs."""
         publics = public_events(events)
-        new = self.log.add(events, self.epoch, publics)      # FENCED raises here: nothing produced
+        new = self.log.add(events, publics)      # a job that lost its lease fails here: nothing produced
         notify.live_changed(self.redis, {e["farm_id"] for e, _ in new})   # live streams read them now
         once: dict[str, int] = {}           # the same event twice in one call: produced once
         for i, event in enumerate(events):

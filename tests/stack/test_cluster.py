@@ -243,6 +243,14 @@ def test_redis_cluster_of_any_size_passes_validation(tmp_path, masters):
         from fencing.stream import routing
         table = routing.load(redis_cluster.connect(settings))
         assert len(table.nodes) == masters
+        # a cluster whose default user may not manage ACL users cannot host the job's writer users
+        import redis
+        node = redis.Redis(port=port)
+        node.execute_command("ACL", "SETUSER", "default", "-acl")
+        from deploy.procs import DeployError
+        with pytest.raises(DeployError, match="may not manage ACL users"):
+            validate.check_redis_cluster(f"127.0.0.1:{port}")
+        node.close()
     finally:
         redis_cluster.down(settings)
 

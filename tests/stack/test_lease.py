@@ -1,81 +1,135 @@
-"""The job's lease and the epoch fencing of its writes (fencing.model.lease), on the real Redis Cluster.
-Keys of their own ({leasetest...}), so the stack's running job and its lease are not touched."""
+"""The job's lease and who may write (fencing.model.lease, fencing.model.job_user), on the real Redis
+Cluster. Keys ({leasetest...}) and job users (scope `lt<n>`) of their own, so the stack's running job,
+its lease and its users are not touched."""
 from __future__ import annotations
 
 import threading
 import time
 
 import pytest
-from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from fencing.model import node_pipe
-from fencing.model.lease import Lease, epoch_key, split_command
+from fencing.model.job_user import Fenced, admit, epoch_counter, job_user
+from fencing.model.lease import Lease
 from fencing.model.node_pipe import NodePipeline
 from fencing.stream.sinks import EventLog
 from tests.conftest import wait_for
+from tests.redis_kit import drop_scope, scope_users, take_over
 
 
-def test_a_write_under_an_older_epoch_is_refused_where_a_newer_one_wrote(stack):
+@pytest.fixture
+def scope(stack):
+    name = f"lt{time.time_ns()}"
+    yield name
+    drop_scope(stack.redis, name)
+
+
+def _write(client, key: str, value: str) -> None:
+    pipe = NodePipeline(client)
+    pipe.hset(key, {"cow": value})
+    pipe.execute()
+
+
+def test_a_take_over_stops_the_older_epochs_writes_and_reads_on_every_node(stack, scope):
+    redis, node = stack.redis, stack.settings.redis_node
+    keys_ = [f"state:{{leasetest-{time.time_ns()}-{i}}}" for i in range(12)]     # spread over every master
+    old = take_over(redis, node, 5, scope)
+    for key in keys_:
+        _write(old, key, "v5")
+    assert all(users == {job_user(5, scope)} for users in scope_users(redis, scope).values())
+    new = take_over(redis, node, 6, scope)
+    assert all(users == {job_user(6, scope)} for users in scope_users(redis, scope).values())
+    for key in keys_:
+        with pytest.raises(Fenced, match="FENCED epoch 5 is older than 6"):
+            _write(old, key, "v5-again")
+        _write(new, key, "v6")
+    with pytest.raises(Fenced):
+        old.get(keys_[0])
+    assert all(redis.hget(key, "cow") == "v6" for key in keys_)
+    _write(redis, keys_[0], "api")                                  # the default user (the API) is not affected
+    assert redis.hget(keys_[0], "cow") == "api"
+
+
+def test_an_older_epochs_queued_writes_stop_when_the_newer_one_is_admitted(stack, scope):
+    """A stream of pipelined writes of the old epoch: once the newer epoch's admission returns, not one
+    more of them lands (Redis drops what a closed connection still had queued)."""
+    redis, node = stack.redis, stack.settings.redis_node
+    counter = f"count:{{leasetest-{time.time_ns()}}}"
+    old = take_over(redis, node, 1, scope)
+    failure: list[BaseException] = []
+
+    def flood() -> None:
+        try:
+            while True:
+                pipe = NodePipeline(old)
+                for _ in range(5_000):
+                    pipe.command(counter, "INCR", counter)
+                pipe.execute()
+        except BaseException as e:  # noqa: BLE001 - what stopped it is the assertion
+            failure.append(e)
+    writer = threading.Thread(target=flood, daemon=True)
+    writer.start()
+    wait_for(lambda: int(redis.get(counter) or 0) > 10_000, timeout=20, interval=0.01, what="the old epoch writing")
+    take_over(redis, node, 2, scope)
+    after = int(redis.get(counter))
+    writer.join(10)
+    assert not writer.is_alive() and isinstance(failure[0], Fenced), failure
+    assert int(redis.get(counter)) == after
+
+
+def test_admission_is_create_then_check_the_older_of_two_epochs_never_stays(stack, scope):
     redis = stack.redis
-    tag = f"leasetest-{time.time_ns()}"
-    key, other = f"state:{{{tag}}}", f"state:{{{tag}-b}}"
-    old = NodePipeline(redis, epoch=5)
-    old.hset(key, {"cow": "v5"})
-    old.hset(other, {"cow": "v5"})
-    old.execute()
-    new = NodePipeline(redis, epoch=6)
-    new.hset(key, {"cow": "v6"})
-    new.execute()
-    assert redis.get(epoch_key(key)) == "6"
-    stale = NodePipeline(redis, epoch=5)
-    stale.hset(key, {"cow": "v5-again"})
-    with pytest.raises(ResponseError, match="FENCED"):
-        stale.execute()
-    assert redis.hget(key, "cow") == "v6"                     # nothing written
-    # a slot the new epoch has not written yet still takes the old one (the same batch's result)
-    late = NodePipeline(redis, epoch=5)
-    late.hset(other, {"cow": "v5b"})
-    late.execute()
-    assert redis.hget(other, "cow") == "v5b"
-    # unfenced writers (the API) are not affected
-    plain = NodePipeline(redis)
-    plain.hset(key, {"api": "x"})
-    plain.execute()
-    assert redis.hget(key, "api") == "x"
+    master = redis.get_primaries()[0].redis_connection
+    admit(master, 8, scope)
+    with pytest.raises(Fenced, match="FENCED epoch 7 is older than 8"):
+        admit(master, 7, scope)
+    admit(master, 8, scope)                                         # idempotent
+    names = master.execute_command("ACL", "USERS")
+    assert job_user(8, scope) in names and job_user(7, scope) not in names
 
 
-def test_the_event_log_is_fenced_too(stack):
-    redis = stack.redis
+def test_a_node_that_lost_the_users_admits_the_newest_epoch_only(stack, scope):
+    """A node restarted (ACLs are not kept) or unreachable at the take-over: the current epoch admits
+    itself there on its first connection; an older one is refused and leaves no user behind."""
+    redis, node = stack.redis, stack.settings.redis_node
+    key = f"state:{{leasetest-{time.time_ns()}}}"
+    target = redis.get_node_from_key(key).redis_connection
+    current = take_over(redis, node, 3, scope)
+    target.execute_command("ACL", "DELUSER", job_user(3, scope))         # the node forgot it
+    _write(current, key, "v3")
+    assert job_user(3, scope) in target.execute_command("ACL", "USERS")
+    redis.set(epoch_counter(scope), 4)                                  # epoch 4 took the lease ...
+    for other in redis.get_primaries():                                 # ... and reached every node but one
+        if other.redis_connection is not target:
+            admit(other.redis_connection, 4, scope)
+    target.execute_command("ACL", "DELUSER", job_user(3, scope))         # which then restarted
+    with pytest.raises(Fenced, match="FENCED epoch 3 is older than 4"):
+        _write(current, key, "v3-again")
+    assert job_user(3, scope) not in target.execute_command("ACL", "USERS")
+    assert redis.hget(key, "cow") == "v3"
+
+
+def test_the_event_log_of_an_older_epoch_writes_nothing(stack, scope):
+    redis, node = stack.redis, stack.settings.redis_node
     farm = f"leasetest-farm-{time.time_ns()}"
-    log = EventLog(redis)
     event = {"event_id": "e1", "type": "enter", "farm_id": farm, "device_id": "cow", "fence_id": "f",
              "ts": 1_700_000_000_000, "lat": 47.0, "lon": 8.0}
-    assert len(log.add([event], epoch=9)) == 1
-    with pytest.raises(ResponseError, match="FENCED"):
-        log.add([{**event, "event_id": "e2"}], epoch=8)
-    assert len(log.add([{**event, "event_id": "e3"}], epoch=9)) == 1
-    assert len(log.add([{**event, "event_id": "e4"}])) == 1       # epoch 0: not fenced (tests, tools)
+    old = take_over(redis, node, 9, scope)
+    assert len(EventLog(old).add([event])) == 1
+    new = take_over(redis, node, 10, scope)
+    with pytest.raises(Fenced):
+        EventLog(old).add([{**event, "event_id": "e2"}])
+    assert len(EventLog(new).add([{**event, "event_id": "e3"}])) == 1
+    assert sorted(redis.hkeys(f"evdata:{{{farm}}}")) == ["e1", "e3"]
 
 
-def test_long_commands_are_split_to_fit_the_fenced_script(stack):
-    redis = stack.redis
-    key = f"big:{{leasetest-{time.time_ns()}}}"
-    mapping = {f"d{i}": i for i in range(20_000)}            # 40,000 arguments: over Lua's unpack limit
-    assert len(split_command(("HSET", key, *[x for kv in mapping.items() for x in kv]))) == 6
-    pipe = NodePipeline(redis, epoch=3)
-    pipe.hset(key, mapping)
-    pipe.execute()
-    assert redis.hlen(key) == 20_000 and redis.hget(key, "d19999") == "19999"
-
-
-def test_fenced_writes_of_one_slot_run_together_in_queue_order_with_their_own_answers(stack):
-    """A batch's fenced writes into one slot go as one checked call; a read of that slot queued between
-    two writes sees the first and not the second, and every write gets its own answer."""
+def test_pipelined_writes_run_in_queue_order_with_their_own_answers(stack):
+    """Writes of many slots go as one buffer per master; a read queued between two writes sees the
+    first and not the second, every write gets its own answer, and a write that fails fails alone."""
     redis = stack.redis
     tag = f"leasetest-{time.time_ns()}"
     key, members = f"pos:{{{tag}}}", f"members:{{{tag}}}:f1"
-    pipe = NodePipeline(redis, epoch=7)
+    pipe = NodePipeline(redis)
     first = pipe.hset(key, {"cow": "v1", "calf": "v1"})
     added = pipe.command(members, "SADD", members, "cow", "calf", "bull")
     read = pipe.command(key, "HGET", key, "cow")
@@ -84,9 +138,7 @@ def test_fenced_writes_of_one_slot_run_together_in_queue_order_with_their_own_an
     answers = pipe.execute()
     assert (answers[first], answers[added], answers[read], answers[second], answers[removed]) == (2, 3, "v1", 0, 1)
     assert redis.hget(key, "cow") == "v2" and redis.smembers(members) == {"cow", "calf"}
-    assert redis.get(epoch_key(key)) == "7"
-    # a write that fails on the server fails alone: the others of its slot still land
-    pipe = NodePipeline(redis, epoch=7)
+    pipe = NodePipeline(redis)
     pipe.hset(key, {"calf": "v3"})
     wrong = pipe.command(key, "SADD", key, "x")          # WRONGTYPE: the key is a hash
     with pytest.raises(ResponseError, match="WRONGTYPE"):
@@ -95,100 +147,22 @@ def test_fenced_writes_of_one_slot_run_together_in_queue_order_with_their_own_an
     assert wrong == 1
 
 
-def _same_slot_tag(tag: str, prefix: str) -> str:
-    """A hash tag other than `tag` whose keys share its slot (so its epoch mark shares that slot too)."""
-    slot = key_slot(tag.encode())
-    return next(t for t in (f"{prefix}-{i}" for i in range(1_000_000)) if key_slot(t.encode()) == slot)
-
-
-def _counting_retries(pipe: NodePipeline) -> list:
-    """The writes `pipe` has to make again alone (the grouped call did not run them)."""
-    alone: list = []
-    run_alone = pipe._fenced_alone
-    pipe._fenced_alone = lambda mark, part: alone.append(part) or run_alone(mark, part)
-    return alone
-
-
-def test_fenced_writes_of_many_farms_go_as_one_call_per_master_and_a_refused_farm_refuses_only_its_own(stack):
-    """A batch's fenced writes into many farms' slots are checked and run by one script call per
-    master, each farm's against its own epoch mark, even where two farms share a slot; where a newer
-    epoch wrote, that farm's writes are refused (FENCED) and every other farm's land, on the same
-    master and in the same slot too."""
+def test_scripts_run_once_with_their_answers_when_masters_lost_them(stack):
+    """A master that lost a script (a failover to a replica that never loaded it) fails the pipelined
+    EVALSHA with NOSCRIPT: each such call runs again alone, loading the script, and its answer is
+    that run's."""
     redis = stack.redis
     tag = time.time_ns()
-    farms = [f"leasetest-{tag}-{i}" for i in range(40)]                # spread over every master
-    taken = farms[5]                                                      # a newer job writes here
-    twin = _same_slot_tag(taken, f"leasetest-{tag}-twin")                 # same slot, a mark of its own
-    farms.append(twin)
-    pos = {farm: f"pos:{{{farm}}}" for farm in farms}
-    seen = {farm: f"lastseen:{{{farm}}}" for farm in farms}
-    first = NodePipeline(redis, epoch=7)
-    alone = _counting_retries(first)
-    for farm in farms:
-        first.hset(pos[farm], {"cow": "v7"})
-        first.command(seen[farm], "ZADD", seen[farm], 7, "cow")
-    masters = {redis.get_node_from_key(pos[farm]).name for farm in farms}
-    requests = first._requests(first._calls, first._fenced)
-    assert len(requests) == len(masters) == len(redis.get_primaries())
-    assert sorted(i for r in requests for i in r.members) == list(range(2 * len(farms)))
-    assert first.execute() == [1, 1] * len(farms) and alone == []        # every answer from the grouped calls
-    assert all(redis.hget(pos[farm], "cow") == "v7" for farm in farms)
-    newer = NodePipeline(redis, epoch=8)
-    newer.hset(pos[taken], {"cow": "v8"})
-    newer.execute()
-    assert redis.get(epoch_key(pos[taken])) == "8" and redis.get(epoch_key(pos[twin])) == "7"
-    stale = NodePipeline(redis, epoch=7)
-    for farm in [twin, *farms[:-1]]:                                     # the twin's mark first in its slot
-        stale.hset(pos[farm], {"cow": "v7b"})
-        stale.command(seen[farm], "ZADD", seen[farm], 9, "cow")
-    with pytest.raises(ResponseError, match="FENCED"):
-        stale.execute()
-    assert redis.hget(pos[taken], "cow") == "v8" and redis.zscore(seen[taken], "cow") == 7
-    others = [farm for farm in farms if farm != taken]
-    assert all(redis.hget(pos[farm], "cow") == "v7b" and redis.zscore(seen[farm], "cow") == 9 for farm in others)
-
-
-def test_fenced_writes_split_into_several_calls_per_master_keep_each_keys_queue_order(stack, monkeypatch):
-    """Groups cut by their size, and a plain command between writes: each key's writes still land in
-    queue order, and the plain command sees exactly the writes queued before it."""
-    monkeypatch.setattr(node_pipe, "GROUP_ARGS", 12)                     # a few writes per call
-    redis = stack.redis
-    tag = time.time_ns()
-    keys_ = [f"order:{{leasetest-{tag}-{i}}}" for i in range(6)]
-    pipe = NodePipeline(redis, epoch=3)
-    for step in range(5):
-        for key in keys_:
-            pipe.hset(key, {"v": f"{step}"})
-    read = pipe.command(keys_[0], "HGET", keys_[0], "v")
-    for key in keys_:
-        pipe.hset(key, {"v": "last"})
-    assert len(pipe._requests(pipe._calls, pipe._fenced)) > 2 * len(redis.get_primaries())
-    answers = pipe.execute()
-    assert answers[read] == "4"
-    assert all(redis.hget(key, "v") == "last" for key in keys_)
-
-
-def test_fenced_writes_land_once_with_their_answers_when_masters_lost_the_script(stack):
-    """A master that lost the fencing script (a failover to a replica that never loaded it) fails the
-    pipelined EVALSHA with NOSCRIPT: each such write runs again alone, loading the script, and its
-    answer is that run's."""
-    redis = stack.redis
-    tag = time.time_ns()
-    keys_ = [f"fenced:{{leasetest-{tag}-{i}}}" for i in range(12)]          # spread over every master
-    pipe = NodePipeline(redis, epoch=4)
-    at = [pipe.hset(key, {"cow": "v4", "calf": "v4"}) for key in keys_]
-    counters = [pipe.command(key + ":n", "INCRBY", key + ":n", 5) for key in keys_]
+    keys_ = [f"counted:{{leasetest-{tag}-{i}}}" for i in range(12)]          # spread over every master
+    incr = redis.register_script("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+    redis.script_load("return redis.call('INCRBY', KEYS[1], ARGV[1])")
+    pipe = NodePipeline(redis)
+    at = [pipe.script(incr, [key], [5]) for key in keys_]
     for node in redis.get_primaries():             # after the script was loaded for the pipeline
         node.redis_connection.script_flush()
     answers = pipe.execute()
-    assert [answers[i] for i in at] == [2] * len(keys_)
-    assert [answers[i] for i in counters] == [5] * len(keys_)         # each INCRBY ran exactly once
-    assert all(redis.hgetall(key) == {"cow": "v4", "calf": "v4"} for key in keys_)
-    assert all(redis.get(epoch_key(key)) == "4" for key in keys_)
-    stale = NodePipeline(redis, epoch=3)
-    stale.hset(keys_[0], {"cow": "v3"})
-    with pytest.raises(ResponseError, match="FENCED"):
-        stale.execute()
+    assert [answers[i] for i in at] == [5] * len(keys_)             # each ran exactly once
+    assert all(redis.get(key) == "5" for key in keys_)
 
 
 def test_the_lease_is_held_renewed_and_taken_over_with_the_next_epoch(stack):

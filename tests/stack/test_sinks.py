@@ -11,6 +11,7 @@ import pytest
 
 from fencing.model import keys, live_stream
 from fencing.stream.sinks import Sinks
+from tests.redis_kit import drop_scope, take_over
 
 
 def _events(farms: list[str], per_farm: int) -> list[dict]:
@@ -36,6 +37,12 @@ def test_events_land_once_when_a_master_lost_its_scripts(stack, failing):
     for farm in farms:
         assert redis.hlen(keys.event_data(farm)) == 3 and redis.zcard(keys.events(farm)) == 3
     assert sinks.write_found(second) == 0            # a replay adds nothing
+
+
+def _no_events():
+    import pyarrow as pa
+    return pa.table({"key": pa.array([], pa.string()), "payload": pa.array([], pa.binary()),
+                     "ts": pa.array([], pa.int64()), "eid": pa.array([], pa.string())})
 
 
 class _Recording:
@@ -116,8 +123,16 @@ def test_a_job_with_an_older_epoch_publishes_nothing(stack):
     redis = stack.redis
     producer = _Recording(stack.settings.kafka_bootstrap, redis)
     farm = f"epochfarm-{secrets.token_hex(4)}"
-    assert Sinks(redis, producer, epoch=7).write_found(_events([farm], 2)) == 2
-    producer.records.clear()
-    with pytest.raises(Exception, match="FENCED"):
-        Sinks(redis, producer, epoch=3).write_found(_events([farm], 3))   # a newer job (epoch 7) wrote here
-    assert producer.records == [] and redis.hlen(keys.event_data(farm)) == 2
+    scope = f"sk{secrets.token_hex(4)}"
+    try:
+        old = take_over(redis, stack.settings.redis_node, 3, scope)
+        new = take_over(redis, stack.settings.redis_node, 7, scope)
+        assert Sinks(new, producer).write_found(_events([farm], 2)) == 2
+        producer.records.clear()
+        with pytest.raises(Exception, match="FENCED"):
+            Sinks(old, producer).write_found(_events([farm], 3))      # a newer job (epoch 7) took over
+        with pytest.raises(Exception, match="FENCED"):
+            Sinks(old, producer).write("run:1", _no_events(), ["dead"], [])
+        assert producer.records == [] and redis.hlen(keys.event_data(farm)) == 2
+    finally:
+        drop_scope(redis, scope)

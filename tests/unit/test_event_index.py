@@ -1,5 +1,5 @@
 """The fence and device indexes of a farm's event log (fencing.model.event_index) on a Redis Cluster of
-its own: written with the events (a replay adds nothing twice, an older epoch writes nothing), dropped
+its own: written with the events (a replay adds nothing twice, an older job epoch writes nothing), dropped
 with them by retention, built once for a log written before they existed; listings through them equal
 the whole-log scan they replace on a mix of filters, ties and page sizes, and a rare fence's listing
 reads its own events only."""
@@ -16,7 +16,7 @@ from fencing.model import event_index, keys
 from fencing.stream.retention import trim_events
 from fencing.stream.sinks import event_log
 
-from tests.redis_kit import own_cluster
+from tests.redis_kit import own_cluster, take_over
 
 PORT = 13221 + int(os.environ.get("HERDFENCE_TEST_PORT_OFFSET", "0"))   # bus ports 23221-23223
 T0 = 1_700_000_000_000
@@ -103,14 +103,17 @@ def test_small_pages_keep_ties_in_order(redis, page):
 def test_indexes_are_written_once_and_fenced_like_the_log(redis):
     farm = "idx-once"
     events = _mixed(farm, 500, seed=3)
-    log = event_log(redis)
-    assert len(log.add(events, epoch=5)) == len(events)
-    assert log.add(events + events[:10], epoch=5) == []                 # a replayed batch
+    node = ("127.0.0.1", PORT)
+    old = take_over(redis, node, 4, "evindex")
+    new = take_over(redis, node, 5, "evindex")
+    log = event_log(new)
+    assert len(log.add(events)) == len(events)
+    assert log.add(events + events[:10]) == []                          # a replayed batch
     assert _index(redis, keys.fence_events(farm, "busy")) == _expected_index(events, "fence_id", "busy")
     assert _index(redis, keys.device_events(farm, "cow-3")) == _expected_index(events, "device_id", "cow-3")
     fenced = _event(farm, 9999, "rare", "cow-3", T0)
     with pytest.raises(Exception, match="FENCED"):
-        log.add([fenced], epoch=4)                                      # a newer job (epoch 5) wrote here
+        event_log(old).add([fenced])                                    # a newer job (epoch 5) took over
     assert f"{farm}-e9999" not in dict(_index(redis, keys.fence_events(farm, "rare")))
     assert f"{farm}-e9999" not in dict(_index(redis, keys.device_events(farm, "cow-3")))
     silent = [e for e in events if e["fence_id"] is None]
