@@ -89,7 +89,7 @@ def admit_everywhere(redis, epoch: int, scope: str = SCOPE) -> list[str]:  # noq
         except Fenced:
             raise
         except (RedisError, OSError) as e:
-            log.warning("job user: node %s not reached (%s); it admits epoch %d on first use", address, e, epoch)
+            log.debug("job user: node %s not reached (%s)", address, e)
             missed.append(address)
     return missed
 
