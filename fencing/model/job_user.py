@@ -11,9 +11,10 @@ themselves are plain commands, with no check per write.
 
 Admission is create, then check: a node's ACL commands run one at a time, so of two epochs admitted
 on the same node at once, the older one either sees the newer user and deletes its own, or is
-deleted by the newer one's admission. A node that was unreachable at the take-over, or lost its users
-in a restart, admits the job on its first connection there (`JobConnection`), but only while the
-job's epoch is still the newest one counted (`{job}:epoch`): an older job never admits itself again.
+deleted by the newer one's admission. A node that was unreachable at the take-over is admitted as
+soon as it answers (the job retries in the background), and a node that lost its users in a restart
+admits the job on its first connection there (`JobConnection`), but only while the job's epoch is
+still the newest one counted (`{job}:epoch`): an older job never admits itself again.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def _names(users) -> list[str]:  # noqa: ANN001 - a list of str or bytes
 
 def admit_everywhere(redis, epoch: int, scope: str = SCOPE) -> list[str]:  # noqa: ANN001 - RedisCluster
     """Admit `epoch` on every node the cluster knows (masters and replicas); returns the nodes that
-    could not be reached (they admit the job on its first connection there)."""
+    could not be reached."""
     missed = []
     for address, info in redis.cluster_nodes().items():
         flags = str(info.get("flags", ""))
