@@ -19,6 +19,7 @@ still the newest one counted (`{job}:epoch`): an older job never admits itself a
 from __future__ import annotations
 
 import logging
+import time
 
 from redis import Redis
 from redis.connection import Connection
@@ -93,6 +94,23 @@ def admit_everywhere(redis, epoch: int, scope: str = SCOPE) -> list[str]:  # noq
             log.debug("job user: node %s not reached (%s)", address, e)
             missed.append(address)
     return missed
+
+
+def admit_missed(redis, epoch: int, scope: str = SCOPE, every_s: float = 1.0) -> None:  # noqa: ANN001
+    """Admit `epoch` everywhere again every `every_s` until every node took it (a node away at the
+    take-over, a replica say, may still know an older epoch's user: admitted as soon as it answers,
+    before a failover can make it a master), or until a newer epoch is found (Fenced: this job stops
+    on its next write)."""
+    missed = ["?"]
+    while missed:
+        time.sleep(every_s)
+        try:
+            missed = admit_everywhere(redis, epoch, scope)
+        except Fenced:
+            return
+        except (RedisError, OSError) as e:       # the node listing itself failed: try again
+            log.debug("admitting epoch %d: %s", epoch, e)
+    log.info("job user of epoch %d admitted on every node", epoch)
 
 
 def admit_if_current(host: str, port: int, epoch: int, scope: str = SCOPE) -> None:

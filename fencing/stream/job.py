@@ -31,7 +31,7 @@ from fencing.stream import routing
 from fencing.model.fence_store import DELETED_FENCES
 from fencing.model.heartbeat import Heartbeat, PartitionStats, ReaderTiming, RunningBatch
 from fencing.model.offset_log import logged_offsets
-from fencing.model.job_user import Fenced, admit_everywhere
+from fencing.model.job_user import admit_everywhere, admit_missed
 from fencing.model.lease import Lease, mark_standby
 from fencing.stream.process import ProcessContext, process_partition
 from fencing.stream import fork_server, rows
@@ -76,28 +76,14 @@ class BatchProcessor:
     def take_over(self, epoch: int) -> None:
         """Write from now on as `epoch`'s job user, admitted on every node first: the older epochs'
         users are deleted there, and with them their connections (fencing.model.job_user)."""
-        missed = admit_everywhere(self.redis, epoch)
+        default = self.redis
+        missed = admit_everywhere(default, epoch)
         self.epoch = epoch
         self.redis = cluster(*self.settings.redis_node, epoch=epoch)
         self.sinks = Sinks(self.redis, self.sinks.producer)
         if missed:
             log.warning("job user of epoch %d not admitted yet on %s: retrying every second", epoch, missed)
-            threading.Thread(target=self._admit_missed, args=(epoch,), name="admit", daemon=True).start()
-
-    def _admit_missed(self, epoch: int, every_s: float = 1.0) -> None:
-        """A node away at the take-over (a replica, say) may still know an older epoch's user: admit
-        this epoch there as soon as it answers, before a failover can make it a master. (A master
-        that lacks the user admits it on the job's first connection anyway: JobConnection.)"""
-        missed = ["?"]
-        while missed:
-            time.sleep(every_s)
-            try:
-                missed = admit_everywhere(cluster(*self.settings.redis_node), epoch)
-            except Fenced:
-                return                      # a newer job took over: this one stops on its next write
-            except Exception as e:  # noqa: BLE001 - Redis away: try again
-                log.debug("admitting epoch %d: %s", epoch, e)
-        log.info("job user of epoch %d admitted on every node", epoch)
+            threading.Thread(target=admit_missed, args=(default, epoch), name="admit", daemon=True).start()
 
     @property
     def run_id(self) -> str:

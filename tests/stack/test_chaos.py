@@ -244,3 +244,36 @@ def test_retried_batch_does_not_count_twice(stack):
     got = [(e["type"], e["ts"]) for e in farm.events(device_id="retry-cow")]
     assert got == [("enter", iso(t + 10_000)), ("exit", iso(t + 30_000))], got
     assert fence_id
+
+
+def test_a_replica_away_at_the_take_over_gets_the_new_writer_as_soon_as_it_answers(ha_stack):
+    """Job users are per node (fencing.model.job_user): a replica frozen while a new epoch is admitted
+    still knows the old epoch's user, and a failover could make it a master. The new job keeps
+    admitting its epoch until that replica answers: then the old user is gone there too."""
+    from fencing.model.job_user import admit_everywhere, admit_missed, epoch_counter, job_user
+    from tests.redis_kit import drop_scope, take_over
+    stack = ha_stack
+    redis = stack.redis
+    scope = f"chaos{time.time_ns()}"
+    redis.nodes_manager.initialize()
+    replica = redis.get_replicas()[0]
+    pid = read_pid(stack.env["HERDFENCE_HOME"], f"redis_{replica.port}")
+    try:
+        take_over(redis, tuple(stack.settings.redis_node), 1, scope)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            redis.set(epoch_counter(scope), 2)
+            missed = admit_everywhere(redis, 2, scope)
+            assert missed == [replica.name], missed
+            admitting = threading.Thread(target=admit_missed, args=(redis, 2, scope, 0.2), daemon=True)
+            admitting.start()
+            admitting.join(1.0)
+            assert admitting.is_alive()                      # still waiting for the frozen replica
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        admitting.join(30)
+        assert not admitting.is_alive()
+        users = replica.redis_connection.execute_command("ACL", "USERS")
+        assert job_user(2, scope) in users and job_user(1, scope) not in users
+    finally:
+        drop_scope(redis, scope)
