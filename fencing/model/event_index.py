@@ -9,7 +9,7 @@ redirects a call before it runs, never half-way through).
 
 Who keeps them:
 * the writer (fencing.stream.sinks, `_ADD_EVENTS`) adds each new event to its indexes in the same
-  fenced script that adds it to the log: an id written twice adds nothing twice;
+  script that adds it to the log: an id written twice adds nothing twice;
 * retention (fencing.stream.retention) drops an event from the log and its indexes in one script;
 * a fence's deletion leaves its events, and so its index, to retention (the log keeps them too);
 * events written before the indexes existed: the first filtered listing of a farm whose log is not
