@@ -31,6 +31,7 @@ SCOPE = "job"                    # the job's users are herdfence-job-<epoch>; a 
 EPOCH_KEY = "{job}:epoch"       # incremented by every take-over (fencing.model.lease)
 # every key, channel and command: the job's reads and writes, the scripts they run
 _RIGHTS = ("on", "nopass", "~*", "&*", "+@all")
+ADMIT_CLIENT = "herdfence-admit"   # CLIENT SETNAME of the short connections that admit an epoch
 
 
 class Fenced(ResponseError):
@@ -60,8 +61,7 @@ def admit(node: Redis, epoch: int, scope: str = SCOPE) -> None:
     connections). Idempotent."""
     me = job_user(epoch, scope)
     node.execute_command("ACL", "SETUSER", me, *_RIGHTS)
-    epochs = [e for s, e in filter(None, map(user_epoch, _names(node.execute_command("ACL", "USERS"))))
-              if s == scope]
+    epochs = [e for s, e in filter(None, map(user_epoch, node.execute_command("ACL", "USERS"))) if s == scope]
     newer = max((e for e in epochs if e > epoch), default=None)
     if newer is not None:
         node.execute_command("ACL", "DELUSER", me)
@@ -71,13 +71,10 @@ def admit(node: Redis, epoch: int, scope: str = SCOPE) -> None:
         node.execute_command("ACL", "DELUSER", *older)
 
 
-def _names(users) -> list[str]:  # noqa: ANN001 - a list of str or bytes
-    return [u.decode() if isinstance(u, bytes) else u for u in users]
-
-
 def admit_everywhere(redis, epoch: int, scope: str = SCOPE) -> list[str]:  # noqa: ANN001 - RedisCluster
     """Admit `epoch` on every node the cluster knows (masters and replicas); returns the nodes that
     could not be reached."""
+    from fencing.model.redis_conn import node_connection     # (imported here: redis_conn builds on this module)
     missed = []
     for address, info in redis.cluster_nodes().items():
         flags = str(info.get("flags", ""))
@@ -85,8 +82,7 @@ def admit_everywhere(redis, epoch: int, scope: str = SCOPE) -> list[str]:  # noq
         if "noaddr" in flags or not port:
             continue
         try:
-            with Redis(host=host or "127.0.0.1", port=int(port.split("@")[0]), socket_timeout=2,
-                       socket_connect_timeout=2) as node:
+            with node_connection(host or "127.0.0.1", int(port.split("@")[0]), ADMIT_CLIENT) as node:
                 admit(node, epoch, scope)
         except Fenced:
             raise
@@ -115,15 +111,11 @@ def admit_missed(redis, epoch: int, scope: str = SCOPE, every_s: float = 1.0) ->
 
 def admit_if_current(host: str, port: int, epoch: int, scope: str = SCOPE) -> None:
     """Admit `epoch` on the node host:port if it is still the newest epoch counted; else Fenced."""
-    from fencing.model.redis_conn import new_cluster
-    counter = new_cluster(host, port, retry=None)
-    try:
-        newest = int(counter.get(epoch_counter(scope)) or 0)
-    finally:
-        counter.close()
+    from fencing.model.redis_conn import cluster, node_connection
+    newest = int(cluster(host, port).get(epoch_counter(scope)) or 0)
     if newest != epoch:
         raise Fenced(f"FENCED epoch {epoch} is older than {newest}")
-    with Redis(host=host, port=port, socket_timeout=2, socket_connect_timeout=2) as node:
+    with node_connection(host, port, ADMIT_CLIENT) as node:
         admit(node, epoch, scope)
 
 

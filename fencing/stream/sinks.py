@@ -179,11 +179,12 @@ class Sinks:
             self.producer.produce_records(TOPIC_EVENTS, event_records(events))
             self.producer.produce_records("gps.reports.dlq", [(None, d.encode()) for d in dead_letters])
             self.redis.set(marker, "1", ex=7 * 24 * 3600)
-        pipe = NodePipeline(self.redis)
-        for ping in pings:
-            key = keys.JOB_PING.format(ping)
-            pipe.command(key, "SET", key, batch_id, "EX", 3600)
-        pipe.execute()
+        if pings:
+            pipe = NodePipeline(self.redis)
+            for ping in pings:
+                key = keys.JOB_PING.format(ping)
+                pipe.command(key, "SET", key, batch_id, "EX", 3600)
+            pipe.execute()
 
     def write_found(self, events: list[dict]) -> int:
         """Events outside any batch (the silent scanner), in the order a batch's events take: into
