@@ -164,6 +164,11 @@ class Settings:
         """PID files and logs of the components `herdfence up` started."""
         return self.home / "run"
 
+    @property
+    def ingest_hold_file(self) -> Path:
+        """While it names a time to come, the job plans no new reports (ingest.kafka_source.hold)."""
+        return self.run_dir / "ingest-hold-until"
+
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     m = read_env(env)

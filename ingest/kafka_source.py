@@ -7,7 +7,8 @@ running the batch, so a restarted query replays exactly the uncommitted ranges.
 Options (as Spark's Kafka source): kafka.bootstrap.servers, subscribe, startingOffsets
 (earliest | latest | JSON {"0": 42}), maxOffsetsPerTrigger, minPartitions, failOnDataLoss,
 plus herdfence's: client (confluent | kafka-python, read path), probeIntervalMs (driver throttle),
-partitionDiscoveryIntervalMs.
+partitionDiscoveryIntervalMs, holdFile (see `held`), burstRecordsPerSecond and burstWaitMs (see
+`BurstGate`).
 
 Why the log end comes from a fetch response: Tansu's ListOffsets(latest) answers the newest batch's
 first offset + 1, so the tail of the last batch would stay unread while producers are idle. The
@@ -19,6 +20,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
@@ -45,6 +47,9 @@ class SourceOptions:
     client: str = "confluent"
     probe_interval_s: float = 0.1
     discovery_interval_s: float = 5.0
+    hold_file: str | None = None
+    burst_rate: int = 0             # records/s: faster arrivals are a burst (0: no burst waits)
+    burst_wait_s: float = 0.0
 
     @classmethod
     def parse(cls, o: dict[str, str]) -> "SourceOptions":
@@ -62,7 +67,75 @@ class SourceOptions:
                    (get("failOnDataLoss") or "true").lower() != "false",
                    get("client") or "confluent",
                    (num("probeIntervalMs") or 100) / 1000.0,
-                   (num("partitionDiscoveryIntervalMs") or 5000) / 1000.0)
+                   (num("partitionDiscoveryIntervalMs") or 5000) / 1000.0,
+                   get("holdFile") or None, num("burstRecordsPerSecond") or 0, (num("burstWaitMs") or 0) / 1000.0)
+
+
+class BurstGate:
+    """Whether a micro-batch should wait for a burst to end. A burst: records arriving faster than
+    `rate` per second into a log the job had caught up with (a flood, a backlog uploaded after an
+    outage). A batch started at its first records takes a slice and the rest follows in the next one:
+    every device the burst touches then pays its state read and write, and Spark its fixed cost, once
+    per batch. Waiting, at most `wait_s`, lets one batch take it whole.
+
+    Only a caught-up job's next batch waits, and only while less than a full batch is there: a busy
+    job never waits. The records found at the first look may have come in any part of the trigger
+    interval, so as many as `rate` brings in FIRST_LOOK_S earn one more look; from then on the log's
+    growth between two looks decides. A trickle runs at once; a stream slower than `rate` waits one
+    trigger at most, and only after the job had caught up with it."""
+
+    FIRST_LOOK_S = 0.02
+
+    def __init__(self, rate: int, wait_s: float) -> None:
+        self.rate, self.wait_s = rate, wait_s
+        self._last: tuple[float, int] | None = None     # (when, log end total) at the previous look
+        self._caught_up = False                          # the previous look found nothing to read
+        self._since: float | None = None                 # when the waiting began
+
+    def wait(self, pending: int, log_end: int, full_batch: int | None, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        last, self._last = self._last, (now, log_end)
+        if not pending:
+            self._caught_up, self._since = True, None
+            return False
+        if self.rate and self._caught_up and (full_batch is None or pending < full_batch):
+            if self._since is None:
+                burst = pending >= self.rate * self.FIRST_LOOK_S
+            else:
+                burst = last is not None and now > last[0] and (log_end - last[1]) / (now - last[0]) > self.rate
+            if burst:
+                self._since = self._since or now
+                if now - self._since < self.wait_s:
+                    return True
+        self._caught_up, self._since = False, None       # a batch runs now
+        return False
+
+
+# ----------------------------------------------------------------------------- holding the reads
+def hold(path: Path, seconds: float) -> None:
+    """Plan no new records for `seconds` (or until `release`): a running query keeps its state, its
+    workers and their caches, and finishes the batch it is in; records wait in the log. The file holds
+    the time the hold ends, so a hold never outlives its writer by more than that."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(f"{time.time() + seconds:.3f}\n")
+    tmp.replace(path)
+
+
+def release(path: Path) -> None:
+    path.unlink(missing_ok=True)
+
+
+def held(path: str | None) -> bool:
+    """Whether a hold is in force: `path` names a time (epoch seconds) still to come. No file, a past
+    time or anything unreadable: no hold (a stale file never stops a job)."""
+    if not path:
+        return False
+    try:
+        with open(path) as f:
+            return time.time() < float(f.read().strip())
+    except (OSError, ValueError):
+        return False
 
 
 # ----------------------------------------------------------------------------- pure planning
@@ -218,6 +291,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         self.opts = opts
         self._probe: LogEndProbe | None = None
         self._available_now: Offsets | None = None
+        self._burst = BurstGate(opts.burst_rate, opts.burst_wait_s)
 
     @property
     def probe(self) -> LogEndProbe:
@@ -226,7 +300,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         return self._probe
 
     def __getstate__(self) -> dict:
-        return {"opts": self.opts, "_probe": None, "_available_now": self._available_now}
+        return {"opts": self.opts, "_probe": None, "_available_now": self._available_now,
+                "_burst": BurstGate(self.opts.burst_rate, self.opts.burst_wait_s)}
 
     # --- offsets
     def initialOffset(self) -> Offsets:
@@ -243,6 +318,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ReadMaxRows(m) if m else ReadAllAvailable()
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        if held(self.opts.hold_file):
+            return dict(start)          # no new records planned: no batch runs
         ends = self._listed(start, limit) or {str(p): e for p, e in self.probe.ends().items()}
         if self._available_now is not None:
             ends = {p: min(e, self._available_now.get(p, e)) for p, e in ends.items()}
@@ -252,6 +329,10 @@ class KafkaStreamReader(DataSourceStreamReader):
                 ends[p] = s  # failOnDataLoss=false: never go backwards; the reader will skip
             ends.setdefault(p, s)
         begin = {p: start.get(p, 0) for p in ends}  # new partitions are read from their start
+        full = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        if self._available_now is None and self._burst.wait(sum(ends[p] - begin[p] for p in ends),
+                                                            sum(ends.values()), full):
+            return dict(start)
         if isinstance(limit, ReadMaxRows):
             take = fair_share({p: ends[p] - begin[p] for p in ends}, limit.max_rows)
             ends = {p: begin[p] + take[p] for p in ends}

@@ -155,10 +155,11 @@ def _push(pushes: list[tuple[Path, dict]]) -> list[str]:
              "",
              "`tracks`: dense (a fix every 30 s) or sparse (a fix every 5–15 min, 5% uploaded late; "
              "`--tracks sparse`).", "",
-             "`drain`: after a flood on a private stack, the same reports are produced again while no job "
-             "runs, then the job is started and processes them with no producer on the cores "
-             "(loadgen/bench_drain.py; timed from its first batch, which starts the Python workers and loads the "
-             "fences, as after an outage).", "",
+             "`drain`: after a flood on a private stack, the running job's reads are held while the same "
+             "reports are produced again, then released: the job, warm, processes the backlog with no producer "
+             "on the cores (loadgen/bench_drain.py; timed from the first batch after the release to the heartbeat "
+             "that counted all of it). Figures before 2026-11-29 restarted the job instead, and include its "
+             "workers' fence load.", "",
              "| fences | devices | points | tracks | offered | points/s | drain points/s | vectorized limit | ratio | "
              "event p50 (ms) | event p99 (ms) | events | lost | duplicated | batches | run |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

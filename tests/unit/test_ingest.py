@@ -16,8 +16,8 @@ from ingest import kafka_read
 from ingest.kafka_read import read_partition, read_range
 from ingest.kafka_types import KafkaRange, KafkaRanges
 from tests.conftest import OFFSET
-from ingest.kafka_source import (ARROW_SCHEMA, KafkaStreamReader, SourceOptions, fair_share,
-                                 register, split_ranges)
+from ingest.kafka_source import (ARROW_SCHEMA, BurstGate, KafkaStreamReader, SourceOptions, fair_share, hold,
+                                 register, release, split_ranges)
 from ingest.producer import BrokerUnavailable, KafkaWriter, ReportProducer
 from ingest.validate import PING_KEY, parse_kafka_values, validate_report_dicts
 
@@ -123,6 +123,31 @@ def test_fair_share_spreads_and_refills():
     assert sum(fair_share({str(i): 1000 for i in range(7)}, 100).values()) == 100
 
 
+def test_a_burst_into_a_caught_up_log_waits_for_its_end_once():
+    """The first batch of a flood waits (at most wait_s) while records pour in faster than the rate,
+    then takes them whole; a trickle, a steady stream, a full batch waiting, or a busy job never waits
+    (a stream: one look at most, after the job had caught up)."""
+    gate = BurstGate(rate=1000, wait_s=3.0)          # a first look needs 20 records
+    assert not gate.wait(0, 100, None, now=0.0)                     # caught up: nothing to read
+    assert gate.wait(500, 600, None, now=0.25)                      # many at once into a caught-up log
+    assert gate.wait(900, 1000, None, now=0.5)                      # still 1,600/s
+    assert not gate.wait(900, 1000, None, now=0.75)                 # the burst ended: one batch takes it
+    assert not gate.wait(5000, 6000, None, now=1.0)                 # busy since: a batch runs at once
+    assert not gate.wait(0, 6000, None, now=2.0)
+    assert not gate.wait(10, 6010, None, now=2.25)                  # a trickle runs at once
+    assert not gate.wait(0, 6010, None, now=2.5)
+    assert gate.wait(200, 6210, None, now=2.75)                     # one more look ...
+    assert not gate.wait(400, 6410, None, now=3.0)                  # ... 800/s: a stream, not a burst
+    assert not gate.wait(0, 6410, None, now=3.5)
+    assert gate.wait(2000, 8410, 10_000, now=3.75)                  # waits ...
+    assert not gate.wait(12_000, 18_410, 10_000, now=4.0)           # ... not once a full batch is there
+    assert not gate.wait(0, 18_410, None, now=5.0)
+    waits = [gate.wait(1000 * i, 18_410 + 1000 * i, None, now=5.0 + i * 0.25) for i in range(1, 20)]
+    assert waits[:12] == [True] * 12 and waits[12] is False and not any(waits[13:])   # 3 s at most
+    off = BurstGate(rate=0, wait_s=3.0)
+    assert not off.wait(0, 0, None, now=0.0) and not off.wait(10_000, 10_000, None, now=0.25)
+
+
 def test_split_ranges_min_partitions():
     from ingest.kafka_source import KafkaRange
     r = [KafkaRange(BOOT, "t", 0, 0, 100, True, "confluent"), KafkaRange(BOOT, "t", 1, 5, 5, True, "confluent")]
@@ -198,6 +223,27 @@ def test_max_offsets_per_trigger_bounds_batches(broker):
     r = reader(topic, startingOffsets="earliest", maxOffsetsPerTrigger="100")
     sizes, _ = drain(r)
     assert max(sizes) <= 100 and sum(sizes) == 1000 and len(sizes) == 10
+    r.stop()
+
+
+def test_a_hold_plans_nothing_until_released_or_over(broker, tmp_path):
+    """While the hold file names a time to come, latestOffset plans no record (no batch runs, the
+    records wait in the log); released, past its time, or unreadable, it holds nothing."""
+    topic = "t-hold"
+    make_topic(topic, 2)
+    path = tmp_path / "run" / "hold-until"
+    r = reader(topic, startingOffsets="latest", probeIntervalMs="0", holdFile=str(path))
+    start = r.initialOffset()
+    fill(topic, 30)
+    hold(path, 60)
+    assert r.latestOffset(start, r.getDefaultReadLimit()) == start
+    release(path)
+    assert not path.exists()
+    assert sum(r.latestOffset(start, r.getDefaultReadLimit()).values()) == 30
+    hold(path, -1)                  # its time is past
+    assert sum(r.latestOffset(start, r.getDefaultReadLimit()).values()) == 30
+    path.write_text("not a time")
+    assert sum(r.latestOffset(start, r.getDefaultReadLimit()).values()) == 30
     r.stop()
 
 
