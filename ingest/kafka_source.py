@@ -71,6 +71,10 @@ class SourceOptions:
                    get("holdFile") or None, num("burstRecordsPerSecond") or 0, (num("burstWaitMs") or 0) / 1000.0)
 
 
+BURST_LOOK_S = 0.05     # while a burst is waited for, latestOffset looks again this often ...
+BURST_LOOKS = 4         # ... this many times, then leaves the rest of the wait to the next trigger
+
+
 class BurstGate:
     """Whether a micro-batch should wait for a burst to end. A burst: records arriving faster than
     `rate` per second into a log the job had caught up with (a flood, a backlog uploaded after an
@@ -320,7 +324,26 @@ class KafkaStreamReader(DataSourceStreamReader):
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         if held(self.opts.hold_file):
             return dict(start)          # no new records planned: no batch runs
-        ends = self._listed(start, limit) or {str(p): e for p, e in self.probe.ends().items()}
+        ends = self._ends(start, self._listed(start, limit))
+        full = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        looks = 0
+        while self._available_now is None and self._burst.wait(
+                sum(e - start.get(p, 0) for p, e in ends.items()), sum(ends.values()), full):
+            if looks == BURST_LOOKS:    # the rest of the wait falls to the next trigger
+                return dict(start)
+            # a burst ends between two triggers: looking again soon starts its batch that much sooner
+            looks += 1
+            time.sleep(BURST_LOOK_S)
+            ends = self._ends(start, {str(p): e for p, e in self.probe.ends(force=True).items()})
+        if isinstance(limit, ReadMaxRows):
+            begin = {p: start.get(p, 0) for p in ends}  # new partitions are read from their start
+            take = fair_share({p: ends[p] - begin[p] for p in ends}, limit.max_rows)
+            ends = {p: begin[p] + take[p] for p in ends}
+        return ends
+
+    def _ends(self, start: Offsets, ends: Offsets | None) -> Offsets:
+        """The log ends to plan to (probed when `ends` is None), never below `start`."""
+        ends = ends or {str(p): e for p, e in self.probe.ends().items()}
         if self._available_now is not None:
             ends = {p: min(e, self._available_now.get(p, e)) for p, e in ends.items()}
         for p, s in start.items():
@@ -328,14 +351,6 @@ class KafkaStreamReader(DataSourceStreamReader):
                 self._data_loss(f"partition {p}: log end {ends[p]} is below the committed offset {s}")
                 ends[p] = s  # failOnDataLoss=false: never go backwards; the reader will skip
             ends.setdefault(p, s)
-        begin = {p: start.get(p, 0) for p in ends}  # new partitions are read from their start
-        full = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        if self._available_now is None and self._burst.wait(sum(ends[p] - begin[p] for p in ends),
-                                                            sum(ends.values()), full):
-            return dict(start)
-        if isinstance(limit, ReadMaxRows):
-            take = fair_share({p: ends[p] - begin[p] for p in ends}, limit.max_rows)
-            ends = {p: begin[p] + take[p] for p in ends}
         return ends
 
     def _listed(self, start: Offsets, limit: ReadLimit) -> Offsets | None:

@@ -247,6 +247,43 @@ def test_a_hold_plans_nothing_until_released_or_over(broker, tmp_path):
     r.stop()
 
 
+def test_a_burst_is_planned_whole_once_it_ends(broker):
+    """latestOffset plans nothing while a burst pours into a caught-up log, and all of it once the
+    burst is over; a burst already over by the first look is planned in that same call."""
+    import threading
+    topic = "t-burst"
+    make_topic(topic, 2)
+    r = reader(topic, startingOffsets="latest", probeIntervalMs="0", burstRecordsPerSecond="1000",
+               burstWaitMs="10000")
+    start = r.initialOffset()
+    limit = r.getDefaultReadLimit()
+    assert r.latestOffset(start, limit) == start                    # caught up
+    fill(topic, 500)
+    assert sum(r.latestOffset(start, limit).values()) == 500        # over at once: planned at once
+    caught_up = r.latestOffset(start, limit)                         # (as the job would commit it)
+    assert r.latestOffset(caught_up, limit) == caught_up
+    stop = threading.Event()
+
+    def pour() -> None:                    # thousands a second, acknowledged every few ms, until stopped
+        writer, i = KafkaWriter(BOOT), 0
+        while not stop.is_set():
+            writer.produce_records(topic, ((f"cow-{j % 50}", b"{}") for j in range(i, i + 20)))
+            i += 20
+    pouring = threading.Thread(target=pour)
+    pouring.start()
+    try:
+        deadline = time.time() + 30
+        while sum(r.probe.ends(force=True).values()) <= sum(caught_up.values()) and time.time() < deadline:
+            pass                                                     # the burst has begun
+        assert r.latestOffset(caught_up, limit) == caught_up         # waits for it to end
+    finally:
+        stop.set()
+        pouring.join()
+    total = sum(r.probe.ends(force=True).values())
+    assert sum(r.latestOffset(caught_up, limit).values()) == total   # then takes it whole
+    r.stop()
+
+
 def test_a_backlog_skips_the_exact_probe_and_its_tail_is_still_read(broker):
     """While the listed ends hold more than a batch may take, latestOffset does not fetch at every
     partition's end (seconds under a flood); the last batches, below the limit, probe exactly."""
