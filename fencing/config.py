@@ -166,7 +166,7 @@ class Settings:
 
     @property
     def ingest_hold_file(self) -> Path:
-        """While it names a time to come, the job plans no new reports (ingest.kafka_source.hold)."""
+        """While it names a time to come, the job plans no new reports (ingest.admission.hold)."""
         return self.run_dir / "ingest-hold-until"
 
 

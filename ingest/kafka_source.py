@@ -7,8 +7,8 @@ running the batch, so a restarted query replays exactly the uncommitted ranges.
 Options (as Spark's Kafka source): kafka.bootstrap.servers, subscribe, startingOffsets
 (earliest | latest | JSON {"0": 42}), maxOffsetsPerTrigger, minPartitions, failOnDataLoss,
 plus herdfence's: client (confluent | kafka-python, read path), probeIntervalMs (driver throttle),
-partitionDiscoveryIntervalMs, holdFile (see `held`), burstRecordsPerSecond and burstWaitMs (see
-`BurstGate`).
+partitionDiscoveryIntervalMs, holdFile, burstRecordsPerSecond and burstWaitMs (ingest.admission: when
+latestOffset plans nothing new).
 
 Why the log end comes from a fetch response: Tansu's ListOffsets(latest) answers the newest batch's
 first offset + 1, so the tail of the last batch would stay unread while producers are idle. The
@@ -20,7 +20,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
@@ -28,6 +27,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructType
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
+from ingest.admission import BURST_LOOK_S, BURST_LOOKS, BurstGate, held
 from ingest.kafka_read import read_partition
 from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, FETCH_WAIT_MS, SCHEMA, DataLossError, KafkaRange  # noqa: F401
 
@@ -69,77 +69,6 @@ class SourceOptions:
                    (num("probeIntervalMs") or 100) / 1000.0,
                    (num("partitionDiscoveryIntervalMs") or 5000) / 1000.0,
                    get("holdFile") or None, num("burstRecordsPerSecond") or 0, (num("burstWaitMs") or 0) / 1000.0)
-
-
-BURST_LOOK_S = 0.05     # while a burst is waited for, latestOffset looks again this often ...
-BURST_LOOKS = 4         # ... this many times, then leaves the rest of the wait to the next trigger
-
-
-class BurstGate:
-    """Whether a micro-batch should wait for a burst to end. A burst: records arriving faster than
-    `rate` per second into a log the job had caught up with (a flood, a backlog uploaded after an
-    outage). A batch started at its first records takes a slice and the rest follows in the next one:
-    every device the burst touches then pays its state read and write, and Spark its fixed cost, once
-    per batch. Waiting, at most `wait_s`, lets one batch take it whole.
-
-    Only a caught-up job's next batch waits, and only while less than a full batch is there: a busy
-    job never waits. The records found at the first look may have come in any part of the trigger
-    interval, so as many as `rate` brings in FIRST_LOOK_S earn one more look; from then on the log's
-    growth between two looks decides. A trickle runs at once; a stream slower than `rate` waits one
-    trigger at most, and only after the job had caught up with it."""
-
-    FIRST_LOOK_S = 0.02
-
-    def __init__(self, rate: int, wait_s: float) -> None:
-        self.rate, self.wait_s = rate, wait_s
-        self._last: tuple[float, int] | None = None     # (when, log end total) at the previous look
-        self._caught_up = False                          # the previous look found nothing to read
-        self._since: float | None = None                 # when the waiting began
-
-    def wait(self, pending: int, log_end: int, full_batch: int | None, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
-        last, self._last = self._last, (now, log_end)
-        if not pending:
-            self._caught_up, self._since = True, None
-            return False
-        if self.rate and self._caught_up and (full_batch is None or pending < full_batch):
-            if self._since is None:
-                burst = pending >= self.rate * self.FIRST_LOOK_S
-            else:
-                burst = last is not None and now > last[0] and (log_end - last[1]) / (now - last[0]) > self.rate
-            if burst:
-                self._since = self._since or now
-                if now - self._since < self.wait_s:
-                    return True
-        self._caught_up, self._since = False, None       # a batch runs now
-        return False
-
-
-# ----------------------------------------------------------------------------- holding the reads
-def hold(path: Path, seconds: float) -> None:
-    """Plan no new records for `seconds` (or until `release`): a running query keeps its state, its
-    workers and their caches, and finishes the batch it is in; records wait in the log. The file holds
-    the time the hold ends, so a hold never outlives its writer by more than that."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{time.time() + seconds:.3f}\n")
-    tmp.replace(path)
-
-
-def release(path: Path) -> None:
-    path.unlink(missing_ok=True)
-
-
-def held(path: str | None) -> bool:
-    """Whether a hold is in force: `path` names a time (epoch seconds) still to come. No file, a past
-    time or anything unreadable: no hold (a stale file never stops a job)."""
-    if not path:
-        return False
-    try:
-        with open(path) as f:
-            return time.time() < float(f.read().strip())
-    except (OSError, ValueError):
-        return False
 
 
 # ----------------------------------------------------------------------------- pure planning

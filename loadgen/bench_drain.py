@@ -1,7 +1,7 @@
 """The backlog drain of `herdfence bench push`: the same reports as a backlog, processed by the running
 job with no producer on the cores (what FenceX publishes as its drain figure).
 
-On the bench's private stack: the job's reads are held (ingest.kafka_source.hold: it plans no new
+On the bench's private stack: the job's reads are held (ingest.admission.hold: it plans no new
 records, and keeps its JVM, its Python workers and their fence caches), the backlog (the run's reports
 under device ids of their own, registered first) is produced to `gps.reports`, and the hold is
 released. The drain is timed from the start of the first micro-batch after the release to the
@@ -13,7 +13,7 @@ import time
 
 import pandas as pd
 
-from ingest.kafka_source import hold, release
+from ingest.admission import hold, release
 from loadgen.bench_load import HeartbeatSampler, handled
 from loadgen.bench_stack import BenchStack, say
 

@@ -16,8 +16,9 @@ from ingest import kafka_read
 from ingest.kafka_read import read_partition, read_range
 from ingest.kafka_types import KafkaRange, KafkaRanges
 from tests.conftest import OFFSET
-from ingest.kafka_source import (ARROW_SCHEMA, BurstGate, KafkaStreamReader, SourceOptions, fair_share, hold,
-                                 register, release, split_ranges)
+from ingest.admission import BurstGate, hold, release
+from ingest.kafka_source import (ARROW_SCHEMA, KafkaStreamReader, SourceOptions, fair_share, register,
+                                 split_ranges)
 from ingest.producer import BrokerUnavailable, KafkaWriter, ReportProducer
 from ingest.validate import PING_KEY, parse_kafka_values, validate_report_dicts
 
