@@ -3,11 +3,12 @@ latestOffset): while an operator or the benchmark holds its reads, and while a b
 a slice of is still arriving."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
 BURST_LOOK_S = 0.05     # while a burst is waited for, latestOffset looks again this often ...
-BURST_LOOKS = 4         # ... this many times, then leaves the rest of the wait to the next trigger
+BURST_LOOKS_S = 0.2     # ... for this long in one call, then leaves the rest of the wait to the next trigger
 
 
 class BurstGate:
@@ -15,38 +16,40 @@ class BurstGate:
     `rate` per second into a log the job had caught up with (a flood, a backlog uploaded after an
     outage). A batch started at its first records takes a slice and the rest follows in the next one:
     every device the burst touches then pays its state read and write, and Spark its fixed cost, once
-    per batch. Waiting, at most `wait_s`, lets one batch take it whole.
+    per batch. Waiting, about `wait_s` at most, lets one batch take it whole.
 
+    Caught up: a look found no more than a trickle waiting (fewer than `rate` × FIRST_LOOK_S records).
     Only a caught-up job's next batch waits, and only while less than a full batch is there: a busy
-    job never waits. The records found at the first look may have come in any part of the trigger
-    interval, so as many as `rate` brings in FIRST_LOOK_S earn one more look; from then on the log's
-    growth between two looks decides. A trickle runs at once; a stream slower than `rate` waits one
-    trigger at most, and only after the job had caught up with it."""
+    job never waits. At least `rate` × FIRST_LOOK_S records found at once earn one more look; from then
+    on the log's growth between two looks decides. So a trickle runs at once, and a stream slower than
+    `rate` waits one look at most (BURST_LOOK_S and a probe)."""
 
     FIRST_LOOK_S = 0.02
 
     def __init__(self, rate: int, wait_s: float) -> None:
         self.rate, self.wait_s = rate, wait_s
         self._last: tuple[float, int] | None = None     # (when, log end total) at the previous look
-        self._caught_up = False                          # the previous look found nothing to read
+        self._caught_up = False                          # set by a trickle, kept while waiting
         self._since: float | None = None                 # when the waiting began
 
     def wait(self, pending: int, log_end: int, full_batch: int | None, now: float | None = None) -> bool:
+        """True: plan nothing now, look again. `pending`: records past the committed offsets;
+        `log_end`: the log ends summed over the partitions; `full_batch`: the most a batch takes
+        (None: no limit)."""
         now = time.monotonic() if now is None else now
         last, self._last = self._last, (now, log_end)
-        if not pending:
-            self._caught_up, self._since = True, None
-            return False
-        if self.rate and self._caught_up and (full_batch is None or pending < full_batch):
+        trickle = pending < self.rate * self.FIRST_LOOK_S
+        if self.rate and self._caught_up and not trickle and (full_batch is None or pending < full_batch):
             if self._since is None:
-                burst = pending >= self.rate * self.FIRST_LOOK_S
+                burst = True                             # many at once: one more look
             else:
                 burst = last is not None and now > last[0] and (log_end - last[1]) / (now - last[0]) > self.rate
             if burst:
-                self._since = self._since or now
+                if self._since is None:
+                    self._since = now
                 if now - self._since < self.wait_s:
                     return True
-        self._caught_up, self._since = False, None       # a batch runs now
+        self._caught_up, self._since = trickle or not self.rate, None     # a batch runs now (or nothing waits)
         return False
 
 
@@ -65,12 +68,13 @@ def release(path: Path) -> None:
 
 
 def held(path: str | None) -> bool:
-    """Whether a hold is in force: `path` names a time (epoch seconds) still to come. No file, a past
-    time or anything unreadable: no hold (a stale file never stops a job)."""
+    """Whether a hold is in force: `path` names a finite time (epoch seconds) still to come. No file, a
+    past or non-finite time, or anything unreadable: no hold."""
     if not path:
         return False
     try:
         with open(path) as f:
-            return time.time() < float(f.read().strip())
+            until = float(f.read().strip())
     except (OSError, ValueError):
         return False
+    return math.isfinite(until) and time.time() < until

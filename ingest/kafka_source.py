@@ -27,7 +27,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructType
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from ingest.admission import BURST_LOOK_S, BURST_LOOKS, BurstGate, held
+from ingest.admission import BURST_LOOK_S, BURST_LOOKS_S, BurstGate, held
 from ingest.kafka_read import read_partition
 from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, FETCH_WAIT_MS, SCHEMA, DataLossError, KafkaRange  # noqa: F401
 
@@ -251,18 +251,21 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ReadMaxRows(m) if m else ReadAllAvailable()
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        """The offsets the next batch reads to; `start` itself (no batch) while the reads are held or
+        a burst is waited for (ingest.admission). A burst's wait looks again every BURST_LOOK_S within
+        the call, for about BURST_LOOKS_S, so its batch starts soon after it ends."""
         if held(self.opts.hold_file):
             return dict(start)          # no new records planned: no batch runs
         ends = self._ends(start, self._listed(start, limit))
         full = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        looks = 0
+        looks_until = time.monotonic() + BURST_LOOKS_S
         while self._available_now is None and self._burst.wait(
                 sum(e - start.get(p, 0) for p, e in ends.items()), sum(ends.values()), full):
-            if looks == BURST_LOOKS:    # the rest of the wait falls to the next trigger
+            if time.monotonic() >= looks_until:      # the rest of the wait falls to the next trigger
                 return dict(start)
-            # a burst ends between two triggers: looking again soon starts its batch that much sooner
-            looks += 1
             time.sleep(BURST_LOOK_S)
+            if held(self.opts.hold_file):
+                return dict(start)
             ends = self._ends(start, {str(p): e for p, e in self.probe.ends(force=True).items()})
         if isinstance(limit, ReadMaxRows):
             begin = {p: start.get(p, 0) for p in ends}  # new partitions are read from their start
@@ -271,7 +274,8 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ends
 
     def _ends(self, start: Offsets, ends: Offsets | None) -> Offsets:
-        """The log ends to plan to (probed when `ends` is None), never below `start`."""
+        """The log ends to plan to (probed when `ends` is None; a given dict is adjusted in place),
+        never below `start`."""
         ends = ends or {str(p): e for p, e in self.probe.ends().items()}
         if self._available_now is not None:
             ends = {p: min(e, self._available_now.get(p, e)) for p, e in ends.items()}

@@ -145,13 +145,14 @@ def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, 
         observed = read_events(redis, sorted(set(loaded.farm_of.values())))
         mem["redis"] = bench_memory.redis_summary(redis, redis_bytes, devices, loaded)
         stack_info = stack.describe()
-        if drain and rate is None:
+        if drain and rate is None and t_done:      # a flood that did not finish would leak into it
             drained = bench_drain.drain(stack, sim.reports, "d" + loaded.device_prefix,
                                         lambda prefix: register_devices(redis, sim, loaded.farm_of, prefix),
                                         progress=progress)
             say(f"drain: {drained}")
         else:
-            drained = {"skipped": "paced run" if rate is not None else "--no-drain"}
+            drained = {"skipped": "paced run" if rate is not None else "--no-drain" if not drain
+                       else "the flood did not finish"}
 
     seconds = (t_done - t_first) if t_done else None
     processed = (handled(sampler.beats[-1]) - base) if sampler.beats else 0

@@ -14,7 +14,7 @@ import time
 import pandas as pd
 
 from ingest.admission import hold, release
-from loadgen.bench_load import HeartbeatSampler, handled
+from loadgen.bench_load import handled
 from loadgen.bench_stack import BenchStack, say
 
 
@@ -22,7 +22,7 @@ def drain(stack: BenchStack, reports: pd.DataFrame, device_prefix: str, register
           timeout_s: float = 900.0) -> dict:
     """`reports`: the run's reports with simulator device ids; `register(prefix)` registers the
     simulator's devices under `prefix`. Returns the drain's figures, or {"skipped": why}."""
-    from fencing.model.heartbeat import read_progress
+    from fencing.model.heartbeat import read_progress, recent_heartbeats
     from loadgen.kafka_writer import write_reports
 
     if not stack.private:
@@ -31,9 +31,7 @@ def drain(stack: BenchStack, reports: pd.DataFrame, device_prefix: str, register
     backlog = reports.copy()
     backlog["device_id"] = device_prefix + backlog["device_id"].astype(str)
     redis, hold_file = stack.redis, stack.settings.ingest_hold_file
-    before = handled(read_progress(redis))       # the flood's reports are all handled by now
-    sampler = HeartbeatSampler(redis)
-    sampler.start()
+    counter = _Handled(handled(read_progress(redis)))
     say("drain: holding the job's reads, producing the backlog")
     hold(hold_file, timeout_s)
     try:
@@ -42,25 +40,33 @@ def drain(stack: BenchStack, reports: pd.DataFrame, device_prefix: str, register
         release(hold_file)
     released = time.time()
     say(f"drain: {len(backlog):,} reports waiting; hold released")
-    done_beat = None
     deadline = released + timeout_s
-    while time.time() < deadline:
-        if sampler.beats and handled(sampler.beats[-1]) - before >= len(backlog):
-            done_beat = sampler.beats[-1]
-            break
+    while counter.add(handled(read_progress(redis))) < len(backlog):
+        if time.time() > deadline:
+            return {"skipped": f"the job did not drain {len(backlog)} reports within {timeout_s:.0f} s"}
         time.sleep(0.2)
-    sampler.stop()
-    if done_beat is None:
-        return {"skipped": f"the job did not drain {len(backlog)} reports within {timeout_s:.0f} s"}
-    # a batch planned before the job saw the hold may have taken the backlog's first reports while they
-    # were produced: the figure counts what the batches after the release handled, in their time
-    after = [b for b in sampler.beats if b.time - b.duration_s >= released - 0.25 and b.points]
-    first = after[0] if after else done_beat
-    earlier = [b for b in sampler.beats if b.batch_id < first.batch_id]
-    start_count = handled(earlier[-1]) if earlier else before
-    seconds = done_beat.time - (first.time - first.duration_s)
-    points = handled(done_beat) - start_count
+    # the heartbeats once (each is large): the batches that started after the release, in their time. A
+    # batch planned before the job saw the hold may have taken the backlog's first reports while they
+    # were produced ("before_release"); a held job plans nothing, so without one that is 0
+    after = [b for b in recent_heartbeats(redis, 50) if b.points and b.time - b.duration_s >= released - 0.25]
+    if not after:
+        return {"skipped": "no batch started after the hold was released"}
+    points = sum(b.points + b.shed for b in after)
+    seconds = after[-1].time - (after[0].time - after[0].duration_s)
     return {"reports": len(backlog), "points": points, "seconds": round(seconds, 3),
             "points_per_s": round(points / seconds, 1) if seconds > 0 else None,
-            "batches": len(after), "before_release": len(backlog) - points,
+            "batches": len(after), "before_release": max(0, len(backlog) - points),
             "produce_s": round(produced.seconds, 2)}
+
+
+class _Handled:
+    """Reports handled since it was made, from the job's running total (a job that restarts counts
+    from zero again: its new total is added whole)."""
+
+    def __init__(self, total: int) -> None:
+        self.last, self.count = total, 0
+
+    def add(self, total: int) -> int:
+        self.count += total - self.last if total >= self.last else total
+        self.last = total
+        return self.count

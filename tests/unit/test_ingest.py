@@ -147,6 +147,9 @@ def test_a_burst_into_a_caught_up_log_waits_for_its_end_once():
     assert waits[:12] == [True] * 12 and waits[12] is False and not any(waits[13:])   # 3 s at most
     off = BurstGate(rate=0, wait_s=3.0)
     assert not off.wait(0, 0, None, now=0.0) and not off.wait(10_000, 10_000, None, now=0.25)
+    busy = BurstGate(rate=1000, wait_s=3.0)          # background traffic: a trickle at every look
+    assert not busy.wait(10, 10, None, now=0.0) and not busy.wait(15, 25, None, now=0.25)
+    assert busy.wait(3000, 3025, None, now=0.5)                     # a burst on top of it still waits
 
 
 def test_split_ranges_min_partitions():
@@ -254,7 +257,7 @@ def test_a_burst_is_planned_whole_once_it_ends(broker):
     import threading
     topic = "t-burst"
     make_topic(topic, 2)
-    r = reader(topic, startingOffsets="latest", probeIntervalMs="0", burstRecordsPerSecond="1000",
+    r = reader(topic, startingOffsets="latest", probeIntervalMs="0", burstRecordsPerSecond="200",
                burstWaitMs="10000")
     start = r.initialOffset()
     limit = r.getDefaultReadLimit()
@@ -263,24 +266,31 @@ def test_a_burst_is_planned_whole_once_it_ends(broker):
     assert sum(r.latestOffset(start, limit).values()) == 500        # over at once: planned at once
     caught_up = r.latestOffset(start, limit)                         # (as the job would commit it)
     assert r.latestOffset(caught_up, limit) == caught_up
-    stop = threading.Event()
+    stop, failed = threading.Event(), []
 
-    def pour() -> None:                    # thousands a second, acknowledged every few ms, until stopped
-        writer, i = KafkaWriter(BOOT), 0
-        while not stop.is_set():
-            writer.produce_records(topic, ((f"cow-{j % 50}", b"{}") for j in range(i, i + 20)))
-            i += 20
+    def pour() -> None:                    # thousands a second (the rate is 200/s), until stopped
+        try:
+            writer, i = KafkaWriter(BOOT), 0
+            while not stop.is_set():
+                writer.produce_records(topic, ((f"cow-{j % 50}", b"{}") for j in range(i, i + 100)))
+                i += 100
+        except Exception as e:  # noqa: BLE001 - reported by the test, not lost with the thread
+            failed.append(e)
     pouring = threading.Thread(target=pour)
     pouring.start()
     try:
         deadline = time.time() + 30
-        while sum(r.probe.ends(force=True).values()) <= sum(caught_up.values()) and time.time() < deadline:
+        while sum(r.probe.ends(force=True).values()) <= sum(caught_up.values()) and time.time() < deadline \
+                and not failed:
             pass                                                     # the burst has begun
+        assert not failed and sum(r.probe.ends(force=True).values()) > sum(caught_up.values())
         assert r.latestOffset(caught_up, limit) == caught_up         # waits for it to end
     finally:
         stop.set()
         pouring.join()
+    assert not failed
     total = sum(r.probe.ends(force=True).values())
+    assert total > sum(caught_up.values())
     assert sum(r.latestOffset(caught_up, limit).values()) == total   # then takes it whole
     r.stop()
 
