@@ -40,16 +40,13 @@ class BurstGate:
         last, self._last = self._last, (now, log_end)
         trickle = pending < self.rate * self.FIRST_LOOK_S
         if self.rate and self._caught_up and not trickle and (full_batch is None or pending < full_batch):
-            if self._since is None:
-                burst = True                             # many at once: one more look
-            else:
-                burst = last is not None and now > last[0] and (log_end - last[1]) / (now - last[0]) > self.rate
-            if burst:
+            growing = last is not None and now > last[0] and (log_end - last[1]) / (now - last[0]) > self.rate
+            if self._since is None or growing:           # many at once earn one more look
                 if self._since is None:
                     self._since = now
                 if now - self._since < self.wait_s:
                     return True
-        self._caught_up, self._since = trickle or not self.rate, None     # a batch runs now (or nothing waits)
+        self._caught_up, self._since = trickle, None     # a batch runs now
         return False
 
 

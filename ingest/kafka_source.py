@@ -234,7 +234,7 @@ class KafkaStreamReader(DataSourceStreamReader):
 
     def __getstate__(self) -> dict:
         return {"opts": self.opts, "_probe": None, "_available_now": self._available_now,
-                "_burst": BurstGate(self.opts.burst_rate, self.opts.burst_wait_s)}
+                "_burst": BurstGate(self._burst.rate, self._burst.wait_s)}     # its state stays with the planner
 
     # --- offsets
     def initialOffset(self) -> Offsets:
