@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from loadgen import bench_memory
+from loadgen.herd import TRACKS
 from loadgen.bench_stack import bench_stack, machine, say
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -67,13 +68,6 @@ def vectorized_limit_points_per_s(fences, lon: np.ndarray, lat: np.ndarray, repe
 # (with 2 reports per device, the JIT compiler threads still took ~1/3 of the JVM's CPU in the run).
 WARMUP_REPORTS_PER_DEVICE = 20
 WARMUP_MAX_REPORTS = 200_000     # enough to warm every worker; more only doubles a big run (issue 23)
-
-
-# --tracks: "dense" = a fix every ~30 s, in order; "sparse" = collars saving battery, a fix every 5–15
-# min, 5% of them buffered out of coverage and uploaded late (inferred crossings, late excursions), in
-# half of those blocks the animal away and back when coverage is (an escape whose return is seen live)
-TRACKS = {"dense": {}, "sparse": {"report_interval_s": 600.0, "interval_jitter": 0.5, "late_fraction": 0.05,
-                                  "late_escape": 0.5}}
 
 
 def push(fences: int, points: int, devices: int, json_path: str, seed: int = 0, fences_per_farm: int = 12,

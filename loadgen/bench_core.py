@@ -72,16 +72,16 @@ def device_frame(table: pa.Table, dkeys) -> tuple:  # noqa: ANN001 - a sequence 
     return frame, bounds, ends, [keys[c] for c in codes[bounds].tolist()]
 
 
-def run(fences: int, points: int, devices: int, batches: int = 4, seed: int = 0) -> dict:
+def run(fences: int, points: int, devices: int, batches: int = 4, seed: int = 0, tracks: str = "dense") -> dict:
     from fencing.model import compact_json
     from fencing.model.transitions import DeviceState, state_before, state_record
     from fencing.stream import worker_gc
     from fencing.stream.batch_core import advance_batch, match_batch
-    from loadgen.herd import SimConfig, simulate
+    from loadgen.herd import TRACKS, SimConfig, simulate
     from loadgen.reference import expected_events
     from loadgen.truth import reconcile
 
-    sim = simulate(SimConfig.for_totals(fences, points, devices, seed=seed))
+    sim = simulate(SimConfig.for_totals(fences, points, devices, seed=seed, **TRACKS[tracks]))
     cache = fence_cache({f"{fence.farm_id}/{fence.fence_id}": fence.geojson for fence in sim.fences})
 
     reports = sim.reports
@@ -137,12 +137,15 @@ def run(fences: int, points: int, devices: int, batches: int = 4, seed: int = 0)
 
 def parser(prog: str, doc: str, fences: int, points: int, batches: int) -> argparse.ArgumentParser:
     """The options `bench core` and `bench stage` share (with their own defaults)."""
+    from loadgen.herd import TRACKS
     p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--fences", type=int, default=fences)
     p.add_argument("--points", type=int, default=points)
     p.add_argument("--devices", type=int, default=10_000)
     p.add_argument("--batches", type=int, default=batches, help="micro-batches the points are cut into (the first warms up)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tracks", choices=sorted(TRACKS), default="dense",
+                   help="dense: a fix every ~30 s; sparse: every 5-15 min, 5%% uploaded late (loadgen.herd.TRACKS)")
     p.add_argument("--json", metavar="FILE")
     return p
 
@@ -170,5 +173,5 @@ def finish(out: dict, command: str, json_path: str | None) -> int:
 
 def main(argv: list[str]) -> int:
     args = parse(parser("herdfence bench core", __doc__, 10_000, 1_000_000, 4), argv)
-    out = run(args.fences, args.points, args.devices, args.batches, args.seed)
+    out = run(args.fences, args.points, args.devices, args.batches, args.seed, args.tracks)
     return finish(out, " ".join(["herdfence", "bench", "core", *argv]), args.json)

@@ -38,17 +38,18 @@ def stage_table(sim, loaded, lo: int, hi: int) -> pa.Table:
     return table.append_column("device_id", pa.array(devices, pa.string()))
 
 
-def run(fences: int, points: int, devices: int, batches: int = 5, seed: int = 0, progress: bool = True) -> dict:
+def run(fences: int, points: int, devices: int, batches: int = 5, seed: int = 0, progress: bool = True,
+        tracks: str = "dense") -> dict:
     from fencing.model.job_user import EPOCH_KEY
     from fencing.stream import process, routing, worker_gc
     from fencing.stream.silent import SEEN_STEP_MS
     from loadgen.bench_load import load_simulation
     from loadgen.bench_stack import bench_stack, say
-    from loadgen.herd import SimConfig, simulate
+    from loadgen.herd import TRACKS, SimConfig, simulate
     from loadgen.reference import expected_events
     from loadgen.truth import reconcile
 
-    sim = simulate(SimConfig.for_totals(fences, points, devices, seed=seed))
+    sim = simulate(SimConfig.for_totals(fences, points, devices, seed=seed, **TRACKS[tracks]))
     cpu: Counter = Counter()
     wall: Counter = Counter()
     events: list = []
@@ -96,5 +97,5 @@ def run(fences: int, points: int, devices: int, batches: int = 5, seed: int = 0,
 def main(argv: list[str]) -> int:
     from loadgen.bench_core import finish, parse, parser
     args = parse(parser("herdfence bench stage", __doc__, 100_000, 200_000, 5), argv)
-    out = run(args.fences, args.points, args.devices, args.batches, args.seed)
+    out = run(args.fences, args.points, args.devices, args.batches, args.seed, tracks=args.tracks)
     return finish(out, " ".join(["herdfence", "bench", "stage", *argv]), args.json)

@@ -60,6 +60,14 @@ class Farm:
     water_m: np.ndarray                 # (W, 2) water points, local plane
 
 
+
+# The shapes of track `bench push/core/stage --tracks` offer: "dense" = a fix every ~30 s, in order;
+# "sparse" = collars saving battery, a fix every 5–15 min, 5% of them buffered out of coverage and
+# uploaded late (inferred crossings, late excursions), in half of those blocks the animal away and back
+# when coverage is (an escape whose return is seen live)
+TRACKS = {"dense": {}, "sparse": {"report_interval_s": 600.0, "interval_jitter": 0.5, "late_fraction": 0.05,
+                                  "late_escape": 0.5}}
+
 @dataclass(frozen=True)
 class SimConfig:
     seed: int = 0

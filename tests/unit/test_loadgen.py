@@ -331,7 +331,7 @@ def test_sparse_tracks_hold_night_escapes_whose_return_is_seen_live():
     """The push benchmark's sparse tracks: buffered blocks uploaded after the next fix, half of them
     with the animal away meanwhile. The oracle finds late excursions ending at a live fix (the fix back
     in coverage arrived before the buffer), more of them than the same blocks without escapes give."""
-    from loadgen.bench import TRACKS
+    from loadgen.herd import TRACKS
     from loadgen.reference import expected_events
 
     def late_events(escape: float) -> tuple[int, int]:
