@@ -309,6 +309,8 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
     last = -1
     taken: list[int] = []
     disagreed: dict[int, list[str]] = {}
+    # the reports kept as live fixes, when the caller knows them: only theirs are worked out
+    kept = frozenset(recent) if recent is not None else None
     for i, (t, la, lo, inside_now) in enumerate(zip(ts, lat, lon, matched)):
         if not state.accept(t, la, lo):
             continue
@@ -321,9 +323,10 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
         step_report(state, device_id, t, la, lo, inside_now, rules, deleted, events,
                     near[i] if near is not None else EMPTY, dropped)
         settled = _settled(state, rules, deleted)
-        differ = disagreeing(state, inside_now, t, rules)
-        if differ:
-            disagreed[i] = differ
+        if kept is None or i in kept:
+            differ = disagreeing(state, inside_now, t, rules)
+            if differ:
+                disagreed[i] = differ
     if taken:
         state.remember(before, [[ts[i], lat[i], lon[i], disagreed.get(i)] for i in taken[-MAX_LIVE_FIXES - 1:]])
     return Advanced(events, last, dropped)
