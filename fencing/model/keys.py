@@ -53,7 +53,7 @@ JOB_BATCH = "{job}:batch"            # string JSON: the batch the job is running
 JOB_PING = "{{job}}:ping:{}"          # set when the job has read a control ping from gps.reports
 APIKEY = "apikey:{}"                 # apikey:<sha256 hex> -> farm_id
 DEVTOKEN = "devtoken:{}"             # devtoken:<sha256 hex> -> "farm_id\tdevice_id"
-SINK_DONE = "{{job}}:sinkdone:{}"     # <batch version>[:<routing version>:<partition>] -> "1" once produced to Kafka
+SINK_DONE = "{{job}}:sinkdone:{}"     # <batch_id> -> "1" once the batch's driver-side sinks ran
 
 
 def apikey(key_hash: str) -> str:

@@ -3,9 +3,9 @@ idempotent sinks. Run as `python -m fencing.stream.job` (herdfence up does this)
 
 One streaming query; every micro-batch (foreachBatch, with its batch id) runs:
   read + prepare (the `herdreports` source, one task per Kafka partition)  → repartition(n, route)
-  → process (one task per routed partition: its events into the farms' logs, then to Kafka)  → collect
-and the driver writes dead letters / pings, then a heartbeat with the batch's load figures for the
-elastic controller.
+  → process (one task per routed partition)  → collect
+and the driver writes events / dead letters / pings, then a heartbeat with the batch's load figures
+for the elastic controller.
 
 Hot standby (issue 19): two job processes run; the one holding the lease (fencing.model.lease) runs
 the query, the other has its SparkSession, Python workers and fence caches warm and waits for the
@@ -105,13 +105,12 @@ class BatchProcessor:
         host, port = self.settings.redis_node
         deleted = frozenset(self.redis.smembers(DELETED_FENCES))
         proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id,
-                              SEEN_STEP_MS, self.epoch, elastic=self.elastic,
-                              kafka_bootstrap=self.settings.kafka_bootstrap)
+                              SEEN_STEP_MS, self.epoch, elastic=self.elastic)
 
         def stage(shuffled, partition: int | None = None):
             return process_partition(proc, rows.unpack(shuffled), partition)
-        # df: the source's reports, already parsed and routed by the readers (fencing.stream.report_source);
-        # the tasks log and produce their events themselves: the driver collects side rows and statistics
+        # df: the source's reports, already parsed and routed by the readers (fencing.stream.report_source),
+        # collected as Arrow: no Row object per event (tens of thousands a batch under a backlog)
         if df.rdd.getNumPartitions() == 1:
             # the source read the batch in one task (fencing.stream.single_task): that task processes
             # each routed partition in turn, no shuffle
@@ -120,25 +119,29 @@ class BatchProcessor:
         else:
             out = df.repartition(n, "route").mapInArrow(stage, rows.OUTPUT_DDL).toArrow()
         spark_s = time.time() - started
-        side_kinds, payloads = out.column("kind").to_numpy(), out.column("payload")
+        kinds = out.column("kind").to_numpy()
+        # events stay Arrow (produced in chunks by the sinks): none becomes a Python object here
+        events = out.filter(pa.array(kinds == rows.EVENT))
+        side = out.filter(pa.array(kinds != rows.EVENT))
+        del out
+        side_kinds, payloads = side.column("kind").to_numpy(), side.column("payload")
 
         def rows_of(kind: int) -> list[str]:
             return payloads.filter(pa.array(side_kinds == kind)).to_pylist()
         dead, pings = rows_of(rows.DEAD), rows_of(rows.PING)
         stats = [PartitionStats.from_json(p) for p in rows_of(rows.STATS)]
         readers = [ReaderTiming.from_json(p) for p in rows_of(rows.READ)]
-        self.sinks.write(f"{self.run_id}:{batch_id}", dead, pings)
-        self._heartbeat(batch_id, table.version, started, dead, stats, readers,
+        self.sinks.write(f"{self.run_id}:{batch_id}", events, dead, pings)
+        self._heartbeat(batch_id, table.version, started, events, dead, stats, readers,
                         spark_s=spark_s, sinks_s=time.time() - started - spark_s)
         self.last_batch_end = time.time()
 
-    def _heartbeat(self, batch_id: int, routing_version: int, started: float, dead: list,
+    def _heartbeat(self, batch_id: int, routing_version: int, started: float, events: list, dead: list,
                    stats: list[PartitionStats], readers: list[ReaderTiming], spark_s: float = 0.0,
                    sinks_s: float = 0.0) -> None:
         points = sum(s.points for s in stats)
-        events = sum(s.events for s in stats)
         shed = sum(s.shed for s in stats)
-        self.totals["events"] += events
+        self.totals["events"] += len(events)
         self.totals["dead"] += len(dead)
         self.totals["points"] += points
         self.totals["redis_local"] += sum(s.redis_local for s in stats)
@@ -147,7 +150,7 @@ class BatchProcessor:
         progress = self._last_progress()
         beat = Heartbeat(
             batch_id=batch_id, time=time.time(), duration_s=round(time.time() - started, 3), points=points,
-            events=events, dead_letters=len(dead), routing_version=routing_version,
+            events=len(events), dead_letters=len(dead), routing_version=routing_version,
             partitions=sorted(stats, key=lambda s: s.partition),
             events_total=self.totals["events"], dead_letters_total=self.totals["dead"],
             points_total=self.totals["points"], redis_local_total=self.totals["redis_local"],
@@ -252,8 +255,7 @@ def main() -> None:
     # warm before waiting: Python workers started, fence caches loaded, the query planned. A standby
     # on a cluster holds no executors (they would be taken from the active job): it warms its driver only.
     keep_warm = KeepWarm(spark, processor.redis, settings.redis_node, lambda: processor.last_batch_end,
-                         status_key=STANDBY_WARM_KEY if not epoch else ACTIVE_WARM_KEY,
-                         kafka_bootstrap=settings.kafka_bootstrap)
+                         status_key=STANDBY_WARM_KEY if not epoch else ACTIVE_WARM_KEY)
     keep_warm.planner = not epoch
     if not epoch and keep_warm.every_s > 0:
         # a standby shares the machine with the active job: warm just often enough that Spark, which

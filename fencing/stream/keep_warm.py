@@ -31,7 +31,7 @@ STANDBY_WARM_KEY = "job:keepwarm:standby"    # the hot standby's runs (fencing.s
 HOLD_S = 0.05       # a task holds its worker a moment, so a run's tasks spread over every executor
 
 
-def _warm_task(redis_node: tuple[str, int], kafka_bootstrap: str):
+def _warm_task(redis_node: tuple[str, int]):
     def run(batches):
         import pyarrow as pa
 
@@ -42,14 +42,11 @@ def _warm_task(redis_node: tuple[str, int], kafka_bootstrap: str):
         import fencing.stream.prepare  # noqa: F401
         import fencing.stream.process  # noqa: F401
         import ingest.kafka_read  # noqa: F401
-        from fencing.stream.sinks import task_writer
         for _ in batches:
             pass
         started = time.perf_counter()
         cache = process_cache()
         cache.warm(cluster(*redis_node))
-        if kafka_bootstrap:
-            task_writer(kafka_bootstrap)        # the worker's event producer, connected before a batch needs it
         time.sleep(max(0.0, HOLD_S - (time.perf_counter() - started)))
         yield pa.RecordBatch.from_pydict({"pid": [os.getpid()], "fences": [len(cache)]})
     return run
@@ -57,11 +54,10 @@ def _warm_task(redis_node: tuple[str, int], kafka_bootstrap: str):
 
 class KeepWarm(Periodic):
     def __init__(self, spark, redis, redis_node: tuple[str, int], last_activity: Callable[[], float],
-                 every_s: float = KEEP_WARM_S, status_key: str = STATUS_KEY, kafka_bootstrap: str = ""):
+                 every_s: float = KEEP_WARM_S, status_key: str = STATUS_KEY):
         super().__init__("keep-warm", every_s)
         self.status_key = status_key
         self.spark, self.redis, self.redis_node = spark, redis, redis_node
-        self.kafka_bootstrap = kafka_bootstrap
         self.last_activity = last_activity
         self.runs = 0
         self.workers_met = 0        # distinct workers the last run met
@@ -76,7 +72,7 @@ class KeepWarm(Periodic):
         sc.setJobDescription("herdfence: keep the Python workers warm")
         n = 2 * max(1, sc.defaultParallelism, self.workers_met)
         rows = [r.asDict() for r in self.spark.range(0, n, 1, n)
-                .mapInArrow(_warm_task(self.redis_node, self.kafka_bootstrap), "pid long, fences long").collect()]
+                .mapInArrow(_warm_task(self.redis_node), "pid long, fences long").collect()]
         self.workers_met = len({r["pid"] for r in rows})
         if self.planner:          # a standby: also what the first batch after a take-over would pay
             from fencing.stream import routing

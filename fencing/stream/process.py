@@ -1,8 +1,7 @@
 """Stage 2 of a micro-batch (one task per routed partition): membership against the task's fence
 cache, device state read in bulk from Redis (versioned by batch id), debounced transitions, and the
-idempotent live-state writes (state, positions, position index, fence members), and its events into
-their farms' logs, then to Kafka (fencing.stream.sinks). The side rows it was handed and the
-partition's load statistics go back to the driver as rows (fencing.stream.rows).
+idempotent live-state writes (state, positions, position index, fence members). Events, the side rows
+it was handed, and the partition's load statistics go back to the driver as rows (fencing.stream.rows).
 
 Its steps, in order: drop the fence groups a new routing version moved (the elastic controller's
 reconfiguration), shed the reports that cannot change any state when the routing table asks for it
@@ -29,7 +28,7 @@ from fencing.model.node_pipe import NodePipeline
 from fencing.model.redis_conn import cluster
 from fencing.stream.routing import RoutingTable, buckets_of, device_runs, group_slot
 from fencing.stream.shedding import shed_reports
-from fencing.stream.sinks import event_log, public_events, publish_events, task_writer
+from fencing.stream.sinks import event_log, public_events
 from fencing.model.transitions import DeviceState, Event, state_before, state_record
 from fencing.stream.batch_core import BatchReports, advance_batch, match_batch
 from fencing.stream.batch_core import matched_sets as _matched_sets  # noqa: F401 - its unit test imports it here
@@ -47,7 +46,6 @@ class ProcessContext:
     seen_step_ms: int = 0       # a device's last-seen index entry is rewritten once it is this old (silent.py)
     epoch: int = 0              # the active job's lease epoch: the tasks write as its user (fencing.model.job_user)
     elastic: bool = False       # report the loads the elastic controller plans by (per group and bucket)
-    kafka_bootstrap: str = ""   # where the events go after the logs ("" = the logs only: a harness's stage)
 
     @property
     def version(self) -> str:
@@ -78,8 +76,7 @@ def process_partition(ctx: ProcessContext, given: rows.StageInput, partition: in
         partition = TaskContext.get().partitionId() if TaskContext.get() else 0
     side = list(given.side)
     reports = given.reports
-    events: list[Event] = []
-    publics: list[bytes] = []
+    evs: list[list] = [[], [], [], []]          # public JSON, key, ts, event id
     stats = PartitionStats(partition)
     reload_s = _drop_moved_groups(ctx, reports)
     shed = 0
@@ -90,21 +87,26 @@ def process_partition(ctx: ProcessContext, given: rows.StageInput, partition: in
         history.write_batch(ctx.history_dir, ctx.version, partition, reports)
         for part in device_chunks(reports, DEVICE_CHUNK):   # devices are independent of each other
             with worker_gc.collector_paused():
-                part_events, part_publics, part_stats = _process_reports(ctx, partition, part)
-            events += part_events
-            publics += part_publics
-            part_stats.events = len(part_events)
+                events, publics, part_stats = _process_reports(ctx, partition, part)
+            evs[0] += [p.decode() for p in publics]
+            evs[1] += [e.fence_id for e in events]
+            evs[2] += [e.ts for e in events]
+            evs[3] += [e.event_id for e in events]
+            part_stats.events = len(events)
             stats = _merged(stats, part_stats) if stats.points else part_stats
-            del part_events, part_publics, part_stats
-        if ctx.kafka_bootstrap:
-            publish_events(cluster(ctx.redis_host, ctx.redis_port, ctx.epoch), task_writer(ctx.kafka_bootstrap),
-                           f"{ctx.version}:{ctx.routing.version}:{partition}", events, publics)
+            del events, part_stats
     stats.seconds = round(time.perf_counter() - started, 4)
     stats.worker_pid = os.getpid()
     stats.reload_s, stats.shed = round(reload_s, 4), shed
     side.append((rows.STATS, stats.to_json()))
-    yield pa.RecordBatch.from_arrays([pa.array(np.array([k for k, _ in side], np.int8)),
-                                      pa.array([p for _, p in side], pa.string())], schema=rows.OUTPUT)
+    n, m = len(evs[0]), len(side)
+    if n:
+        yield pa.RecordBatch.from_arrays([pa.array(np.full(n, rows.EVENT, np.int8)), pa.array(evs[0], pa.string()),
+                                          pa.array(evs[1], pa.string()), pa.array(evs[2], pa.int64()),
+                                          pa.array(evs[3], pa.string())], schema=rows.OUTPUT)
+    yield pa.RecordBatch.from_arrays([
+        pa.array(np.array([k for k, _ in side], np.int8)), pa.array([p for _, p in side], pa.string()),
+        pa.nulls(m, pa.string()), pa.nulls(m, pa.int64()), pa.nulls(m, pa.string())], schema=rows.OUTPUT)
 
 
 _SEEN_ROUTING = {"version": None}     # the last routing version this worker's cache was adjusted to

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from fencing.model.geometry import group_names
 
-REPORT, DEAD, PING, READ, STATS = 0, 1, 2, 3, 5
+REPORT, DEAD, PING, READ, EVENT, STATS = 0, 1, 2, 3, 4, 5
 SIDE_KINDS = (DEAD, PING, READ)
 
 # readers → shuffle: a REPORT row holds reports as an IPC stream; a side row holds UTF-8 text
@@ -34,10 +34,11 @@ REPORT_SCHEMA = pa.schema([("farm_id", pa.string()), ("device_id", pa.string()),
 # what the process stage reads: REPORT with its cell group (derived from the cell, so not shuffled)
 STAGE_REPORT = pa.schema([*REPORT_SCHEMA, ("grp", pa.string())])
 
-# process stage → driver: the side rows and the partition's statistics as payload text (the events
-# stay with the task that found them: fencing.stream.sinks.publish_events)
-OUTPUT = pa.schema([("kind", pa.int8()), ("payload", pa.string())])
-OUTPUT_DDL = "kind tinyint, payload string"
+# process stage → driver: events as their public JSON with key (fence id), ts and event id beside it
+# (the driver sorts and produces them from Arrow); side rows and statistics as payload text
+OUTPUT = pa.schema([("kind", pa.int8()), ("payload", pa.string()), ("key", pa.string()), ("ts", pa.int64()),
+                    ("eid", pa.string())])
+OUTPUT_DDL = "kind tinyint, payload string, key string, ts bigint, eid string"
 
 
 def packed(route: int, reports: pa.RecordBatch) -> pa.RecordBatch:

@@ -1,11 +1,12 @@
-"""The sinks of a micro-batch, idempotent by batch id and event id. Events go first into Redis (per farm:
-hash + time index + fence and device indexes + live stream, each event written once), then to Kafka
-`fence.events`, by the process task that found them (`publish_events`) or by the silent scanner's sink
-(`Sinks.write_found`): one order everywhere. The driver writes dead letters → `gps.reports.dlq` and
-pings → `{job}:ping:<id>`."""
+"""The sinks of a micro-batch, idempotent by batch id and event id: events → Redis (per farm: hash +
+time index + fence and device indexes + live stream, each event written once; by the process tasks)
+and Kafka `fence.events` (by the driver); dead letters → `gps.reports.dlq`; pings → `{job}:ping:<id>`."""
 from __future__ import annotations
 
-from fencing.config import TOPIC_DLQ, TOPIC_EVENTS
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fencing.config import TOPIC_EVENTS
 from fencing.model.timeutil import iso_many
 from fencing.model import compact_json, keys, live_stream, notify
 from fencing.model.event_index import LUA_COLLECT, KeyTable, index_keys
@@ -81,33 +82,19 @@ _MARKS = {(False, False): {}, (True, False): {"inferred": True}, (False, True): 
           (True, True): {"inferred": True, "late": True}}
 
 
-def publish_events(redis, writer, part: str, events: list, publics: list[bytes]) -> None:  # noqa: ANN001
-    """A process task's events (fencing.model.transitions.Event, in its farms' logs already) to Kafka
-    `fence.events` by (time, event id), keyed by fence id, unless `part` did so before: Kafka has no
-    upsert, so a marker per batch version, routing version and routed partition (what fixes the
-    partition's reports, and so its events) keeps a retried task or a replayed batch from producing
-    them again. A crash between the produce and the marker produces them again; consumers drop a
-    repeat by its deterministic event_id. Events travel no further: the driver never holds them.
-    `writer`: the worker's producer (`task_writer`)."""
-    marker = keys.SINK_DONE.format(part)
-    if not events or redis.get(marker):
+EVENT_CHUNK = 20_000     # events turned into Python objects at a time by the driver
+
+
+def event_records(events: pa.Table, chunk: int = EVENT_CHUNK):
+    """(key, value) pairs of the event rows in (ts, event id) order, made `chunk` rows at a time: the
+    driver's memory holds the batch's events as Arrow, not as Python objects."""
+    if not events.num_rows:
         return
-    order = sorted(range(len(events)), key=lambda i: (events[i].ts, events[i].event_id))
-    writer.produce_records(TOPIC_EVENTS, ((events[i].fence_id or events[i].device_id, publics[i]) for i in order))
-    redis.set(marker, "1", ex=7 * 24 * 3600)
-
-
-_WRITERS: dict = {}
-
-
-def task_writer(bootstrap: str):  # noqa: ANN201 - ingest.producer.KafkaWriter
-    """One producer per Python worker process and broker, made on first use (a worker forked from the
-    warm daemon makes its own: librdkafka's threads do not survive a fork)."""
-    from ingest.producer import KafkaWriter
-    writer = _WRITERS.get(bootstrap)
-    if writer is None:
-        writer = _WRITERS[bootstrap] = KafkaWriter(bootstrap)
-    return writer
+    order = pc.sort_indices(events, sort_keys=[("ts", "ascending"), ("eid", "ascending")])
+    for start in range(0, len(order), chunk):
+        part = events.take(order[start:start + chunk])
+        # str as it is: the producer copies its UTF-8 bytes itself (no bytes object per key and value)
+        yield from zip(part.column("key").to_pylist(), part.column("payload").to_pylist())
 
 
 class EventLog:
@@ -173,21 +160,24 @@ def event_log(redis) -> EventLog:
 
 
 class Sinks:
-    """The driver's side of a batch: dead letters to `gps.reports.dlq` (once per batch id), pings; and
-    the silent scanner's events. `redis`: the active job's client (its epoch's user,
-    fencing.model.job_user): a driver that lost its lease fails on its first command here and produces
-    nothing."""
+    """The driver's side of a batch: its events to Kafka `fence.events` (once per batch id: the
+    tasks have put them in Redis), dead letters to `gps.reports.dlq`, pings. `redis`: the active
+    job's client (its epoch's user, fencing.model.job_user): a driver that lost its lease fails on its
+    first command here and produces nothing."""
 
     def __init__(self, redis, producer):
         self.redis, self.producer = redis, producer
         self.log = event_log(redis)
 
-    def write(self, batch_id: str, dead_letters: list[str], pings: list[str]) -> None:
-        """`batch_id` is the run-qualified batch version (the tasks produced its events)."""
+    def write(self, batch_id: str, events: pa.Table, dead_letters: list[str], pings: list[str]) -> None:
+        """`batch_id` is the run-qualified batch version; `events`: the tasks' event rows (public JSON
+        `payload`, `key` = fence id, `ts`, `eid` = event id), produced by time from Arrow in chunks."""
         marker = keys.SINK_DONE.format(batch_id)
-        if dead_letters and not self.redis.get(marker):
-            # Kafka has no upsert: the marker keeps a replayed batch from producing again
-            self.producer.produce_records(TOPIC_DLQ, [(None, d.encode()) for d in dead_letters])
+        if not self.redis.get(marker):
+            # Kafka has no upsert: the marker keeps a replayed batch from producing again; consumers can
+            # also drop duplicates by the deterministic event_id.
+            self.producer.produce_records(TOPIC_EVENTS, event_records(events))
+            self.producer.produce_records("gps.reports.dlq", [(None, d.encode()) for d in dead_letters])
             self.redis.set(marker, "1", ex=7 * 24 * 3600)
         if pings:
             pipe = NodePipeline(self.redis)

@@ -39,6 +39,12 @@ def test_events_land_once_when_a_master_lost_its_scripts(stack, failing):
     assert sinks.write_found(second) == 0            # a replay adds nothing
 
 
+def _no_events():
+    import pyarrow as pa
+    return pa.table({"key": pa.array([], pa.string()), "payload": pa.array([], pa.binary()),
+                     "ts": pa.array([], pa.int64()), "eid": pa.array([], pa.string())})
+
+
 class _Recording:
     """The real producer (the test stack's broker), noting what it was asked to produce and whether
     each event was in its farm's log at that moment (the one order: the log, then Kafka)."""
@@ -130,29 +136,3 @@ def test_a_job_with_an_older_epoch_publishes_nothing(stack):
         assert producer.records == [] and redis.hlen(keys.event_data(farm)) == 2
     finally:
         drop_scope(redis, scope)
-
-
-def test_a_tasks_events_go_to_kafka_by_time_once_per_partition_and_routing(stack):
-    """A process task's events, once in their logs, go to Kafka by (time, id), keyed by fence (by
-    device when fence-less); the same batch, routing version and partition again (a retried task, a
-    replayed batch) produces nothing more, while another routing version of the batch produces them
-    again (its partition may hold other reports): a repeat, never a loss."""
-    from fencing.model.transitions import Event
-    from fencing.stream.sinks import public_events, publish_events
-    redis = stack.redis
-    producer = _Recording(stack.settings.kafka_bootstrap, redis)
-    farm = f"taskfarm-{secrets.token_hex(4)}"
-    events = [Event(f"ev-{farm}-{i}", "enter", farm, f"cow-{i}", "f-1", 1_700_000_000_000 + i // 2, 47.0, 8.5)
-              for i in range(4)][::-1]
-    events[1].fence_id = ""
-    publics = public_events([e.__dict__ for e in events])
-    Sinks(redis, producer).log.add([e.__dict__ for e in events], publics, returning=False)
-    batch = f"run-{secrets.token_hex(3)}:7"
-    publish_events(redis, producer, f"{batch}:0:3", events, publics)
-    assert _produced_ids(producer) == [f"ev-{farm}-{i}" for i in range(4)]     # by ts, then id
-    assert producer.logged_first == [True] * 4
-    assert [k for _, k, _ in producer.records] == ["f-1", "f-1", "cow-2", "f-1"]
-    publish_events(redis, producer, f"{batch}:0:3", events, publics)            # retried: nothing more
-    assert len(producer.records) == 4
-    publish_events(redis, producer, f"{batch}:1:3", events, publics)            # another routing version
-    assert len(producer.records) == 8
