@@ -125,7 +125,7 @@ def run(fences: int, points: int, devices: int, batches: int = 4, seed: int = 0,
                             columns=["device_id", "fence_id", "type", "ts"])
     rec = reconcile(expected_events(reports, sim.fences, sim.device_farm), observed)
     per_100k = {step: round(seconds[step] / counted * 1e5, 4) for step in STEPS} if counted else {}
-    return {"fences": fences, "points": points, "devices": devices, "batches": batches,
+    return {"fences": fences, "points": points, "devices": devices, "batches": batches, "tracks": tracks,
             "points_counted": counted, "device_batches_counted": devices_counted,
             "seconds_per_100k_points": per_100k,
             "us_per_device_batch": {step: round(seconds[step] / devices_counted * 1e6, 2) for step in STEPS}

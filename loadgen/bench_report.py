@@ -334,13 +334,14 @@ def _core(runs: list[tuple[Path, dict]]) -> list[str]:
              "through the job's own steps on one core with no Kafka, Spark or Redis (the state records encoded "
              "and decoded as the process stage does); the first batch warms up and is not counted. Seconds per "
              "100,000 points, and µs per device and batch, by step; events reconciled with the oracle.", "",
-             "| fences | points | devices | batches | " + " | ".join(steps) + " | µs per device-batch "
+             "| tracks | fences | points | devices | batches | " + " | ".join(steps) + " | µs per device-batch "
              "(" + ", ".join(steps) + ") | points/s | events | lost | duplicated |",
-             "|---|---|---|---|" + "---|" * len(steps) + "---|---|---|---|---|"]
+             "|---|---|---|---|---|" + "---|" * len(steps) + "---|---|---|---|---|"]
     for _, r in runs:
         per, dev = r.get("seconds_per_100k_points") or {}, r.get("us_per_device_batch") or {}
-        lines.append(f"| {_fmt(r.get('fences'))} | {_fmt(r.get('points'))} | {_fmt(r.get('devices'))} | "
-                     f"{r.get('batches')} | " + " | ".join(_fmt(per.get(s), 3) for s in steps)
+        lines.append(f"| {r.get('tracks', 'dense')} | {_fmt(r.get('fences'))} | {_fmt(r.get('points'))} | "
+                     f"{_fmt(r.get('devices'))} | {r.get('batches')} | "
+                     + " | ".join(_fmt(per.get(s), 3) for s in steps)
                      + " | " + " / ".join(_fmt(dev.get(s), 1) for s in steps)
                      + f" | {_fmt(r.get('points_per_s'))} | {_fmt(r.get('events'))} | {r.get('lost')} | "
                      f"{r.get('duplicated')} |")
@@ -432,13 +433,14 @@ def _stage(runs: list[tuple[Path, dict]]) -> list[str]:
              "stack's Redis Cluster; the first batch warms up and is not counted. CPU µs of the task's thread per "
              "device and batch, by step (at a paced rate every batch touches every device, so this is most of a "
              "batch); events reconciled with the oracle.", "",
-             "| fences | points | devices | batches | " + " | ".join(STAGE_STEPS) + " | CPU µs per device-batch "
-             "| events made | lost | duplicated |",
-             "|---|---|---|---|" + "---|" * len(STAGE_STEPS) + "---|---|---|---|"]
+             "| tracks | fences | points | devices | batches | " + " | ".join(STAGE_STEPS)
+             + " | CPU µs per device-batch | events made | lost | duplicated |",
+             "|---|---|---|---|---|" + "---|" * len(STAGE_STEPS) + "---|---|---|---|"]
     for _, r in runs:
         cpu = r.get("cpu_us_per_device_batch") or {}
-        lines.append(f"| {_fmt(r.get('fences'))} | {_fmt(r.get('points'))} | {_fmt(r.get('devices'))} | "
-                     f"{r.get('batches')} | " + " | ".join(_fmt(cpu.get(s), 1) for s in STAGE_STEPS)
+        lines.append(f"| {r.get('tracks', 'dense')} | {_fmt(r.get('fences'))} | {_fmt(r.get('points'))} | "
+                     f"{_fmt(r.get('devices'))} | {r.get('batches')} | "
+                     + " | ".join(_fmt(cpu.get(s), 1) for s in STAGE_STEPS)
                      + f" | {_fmt(r.get('cpu_us_per_device_batch_total'), 1)} | {_fmt(r.get('events'))} | "
                      f"{r.get('lost')} | {r.get('duplicated')} |")
     lines.append("")

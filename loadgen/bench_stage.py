@@ -84,7 +84,7 @@ def run(fences: int, points: int, devices: int, batches: int = 5, seed: int = 0,
                             columns=["device_id", "fence_id", "type", "ts"])
     rec = reconcile(expected_events(sim.reports, sim.fences, sim.device_farm), observed)
     per_device = {step: round(cpu[step] / device_batches * 1e6, 2) for step in cpu} if device_batches else {}
-    return {"fences": fences, "points": points, "devices": devices, "batches": batches,
+    return {"fences": fences, "points": points, "devices": devices, "batches": batches, "tracks": tracks,
             "points_counted": counted, "device_batches_counted": device_batches,
             "cpu_us_per_device_batch": per_device,
             "cpu_us_per_device_batch_total": round(sum(per_device.values()), 2),
