@@ -309,8 +309,6 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
     last = -1
     taken: list[int] = []
     disagreed: dict[int, list[str]] = {}
-    # the reports kept as live fixes, when the caller knows them: only theirs are worked out
-    kept = frozenset(recent) if recent is not None else None
     for i, (t, la, lo, inside_now) in enumerate(zip(ts, lat, lon, matched)):
         if not state.accept(t, la, lo):
             continue
@@ -323,7 +321,7 @@ def advance(state: DeviceState, device_id: str, ts: list[int], lat: list[float],
         step_report(state, device_id, t, la, lo, inside_now, rules, deleted, events,
                     near[i] if near is not None else EMPTY, dropped)
         settled = _settled(state, rules, deleted)
-        if kept is None or i in kept:
+        if recent is None or i in recent:      # only the reports kept as live fixes need them
             differ = disagreeing(state, inside_now, t, rules)
             if differ:
                 disagreed[i] = differ
