@@ -152,6 +152,19 @@ def test_a_burst_into_a_caught_up_log_waits_for_its_end_once():
     assert busy.wait(3000, 3025, None, now=0.5)                     # a burst on top of it still waits
 
 
+def test_a_burst_that_pauses_for_a_look_is_still_waited_for():
+    """A producer pausing for one look (50 ms) under a flood does not end the wait: the burst has
+    ended only when the log grew slower than the rate over BURST_WINDOW_S."""
+    gate = BurstGate(rate=1000, wait_s=3.0)
+    assert not gate.wait(0, 0, None, now=0.0)                         # caught up
+    ends = [0, 200, 400, 600, 800, 800, 1000, 1200, 1200, 1200, 1200, 1200, 1200, 1200]   # 4,000/s
+    looks = [gate.wait(end, end, None, now=0.1 + 0.05 * i) for i, end in enumerate(ends[1:])]
+    assert all(looks[:7])            # through the one-look pause at 800, to the last growth (1,200)
+    assert False in looks            # then a whole window without growth ends it ...
+    ended = looks.index(False)
+    assert 7 <= ended <= 7 + 0.3 / 0.05 and not any(looks[ended + 1:])   # ... within BURST_WINDOW_S
+
+
 def test_split_ranges_min_partitions():
     from ingest.kafka_source import KafkaRange
     r = [KafkaRange(BOOT, "t", 0, 0, 100, True, "confluent"), KafkaRange(BOOT, "t", 1, 5, 5, True, "confluent")]
