@@ -9,6 +9,7 @@ it without knowing what it is.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -16,6 +17,7 @@ import socket
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -179,33 +181,66 @@ def wait_for_port(port: int, timeout: float, rec: ProcRecord | None = None,
 
 
 # --- start / stop --------------------------------------------------------------------------------
+START_LOCK_WAIT_S = 60.0    # the longest `start` waits for another process starting the same component
+
+
 def start(settings: Settings, spec: ProcSpec, restarts: int = 0) -> ProcRecord:
-    """Start `spec` detached (own session: survives the terminal, killable as a group)."""
-    previous = read_record(settings, spec.name)
-    if previous is not None and not record_alive(previous):
-        # A crashed leader may have left children behind (uvicorn workers holding the API port, a
-        # JVM): its process group is ours alone, so reclaim it before starting again.
-        kill_leftovers(previous.pid)
-        _wait_group_gone(previous.pid)
-    if spec.port is not None:
-        ensure_port_free(spec.port, spec.port_env)
-    _, _, log = _paths(settings, spec.name)
+    """Start `spec` detached (own session: survives the terminal, killable as a group), unless its
+    recorded process is alive: then that record. `herdfence up` and the supervisor may both find a
+    component down at once; the start is one step per component across processes (a lock in the run
+    directory), so the second finds the first one's process instead of starting another. Two starts
+    of the API raced for its port: the loser's record could overwrite the winner's, and the winner ran
+    on, unrecorded, past `down`."""
+    with _start_lock(settings, spec.name):
+        previous = read_record(settings, spec.name)
+        if record_alive(previous):
+            return previous
+        if previous is not None:
+            # A crashed leader may have left children behind (uvicorn workers holding the API port, a
+            # JVM): its process group is ours alone, so reclaim it before starting again.
+            kill_leftovers(previous.pid)
+            _wait_group_gone(previous.pid)
+        if spec.port is not None:
+            ensure_port_free(spec.port, spec.port_env)
+        _, _, log = _paths(settings, spec.name)
+        with open(log, "ab") as out:
+            out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {spec.name}: "
+                      f"{' '.join(spec.argv)}\n".encode())
+            out.flush()
+            proc = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                    cwd=spec.cwd, env={**os.environ, **spec.env}, start_new_session=True,
+                                    close_fds=True)
+        rec = ProcRecord(spec=spec, pid=proc.pid, started_at=time.time(), restarts=restarts)
+        write_record(settings, rec)
+        # Until the child has exec'd, its cmdline is still ours: wait for it, so that marker-based
+        # liveness checks right after a start never mistake a starting process for a dead one.
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and is_alive(proc.pid) and not is_alive(proc.pid, spec.markers):
+            time.sleep(0.01)
+        return rec
+
+
+@contextmanager
+def _start_lock(settings: Settings, name: str):
+    """An exclusive lock on run/<name>.lock, released when the holder exits however it ends (the
+    kernel drops a dead process's flock). Waits START_LOCK_WAIT_S at most (a holder stopped with
+    SIGSTOP holds it until resumed)."""
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab") as out:
-        out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {spec.name}: "
-                  f"{' '.join(spec.argv)}\n".encode())
-        out.flush()
-        proc = subprocess.Popen(spec.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                cwd=spec.cwd, env={**os.environ, **spec.env}, start_new_session=True,
-                                close_fds=True)
-    rec = ProcRecord(spec=spec, pid=proc.pid, started_at=time.time(), restarts=restarts)
-    write_record(settings, rec)
-    # Until the child has exec'd, its cmdline is still ours: wait for it, so that marker-based
-    # liveness checks right after a start never mistake a starting process for a dead one.
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and is_alive(proc.pid) and not is_alive(proc.pid, spec.markers):
-        time.sleep(0.01)
-    return rec
+    with open(settings.run_dir / f"{name}.lock", "a") as f:
+        deadline = time.monotonic() + START_LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DeployError(f"{name}: another herdfence process has been starting it for "
+                                      f"{START_LOCK_WAIT_S:.0f} s (lock {f.name})") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _is_group_leader(pid: int) -> bool:

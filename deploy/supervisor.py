@@ -96,7 +96,11 @@ class Supervisor:
                 track.next_try = None
                 procs.kill_leftovers(rec.pid)
                 try:
+                    asked = time.time()
                     new = procs.start(self.settings, rec.spec, restarts=rec.restarts + 1)
+                    if new.started_at < asked:      # `herdfence up` started it meanwhile
+                        self.log(f"{name} is running again (pid {new.pid}, started by another herdfence process)")
+                        continue
                     track.started_pid = new.pid
                     self.log(f"restarted {name} as pid {new.pid} (restart #{new.restarts})")
                 except procs.DeployError as e:     # e.g. its port is still taken: try again later

@@ -8,12 +8,13 @@ import time
 from pathlib import Path
 
 BURST_LOOK_S = 0.05     # while a burst is waited for, latestOffset looks again this often ...
-BURST_LOOKS_S = 0.2     # ... for this long in one call, then leaves the rest of the wait to the next trigger
+BURST_LOOKS_S = 0.3     # ... for this long in one call (a whole BURST_WINDOW_S), then leaves the rest of the
+                        # wait to the next trigger
 # A burst has ended when the log grew slower than the burst rate over this long, not between two looks:
 # a producer or broker pausing for one look (a flush, a collection; 50 ms) under a 380,000/s flood
 # (measured 2026-11-29) ended the wait at 825,000 of 1,000,000 records, and every device the rest
 # touched paid its state read and write again in a second batch
-BURST_WINDOW_S = 0.3
+BURST_WINDOW_S = 0.25
 
 
 class BurstGate:

@@ -440,3 +440,37 @@ def test_a_stack_stops_when_its_owner_process_is_gone(tmp_path):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_two_starts_of_a_component_at_once_run_one_process_and_record_it(tmp_path):
+    """`herdfence up` and the supervisor finding the same component down at the same moment: one
+    process starts, both get its record (two API masters raced for the port, and the loser's record
+    could leave the winner running unrecorded, past `down`). Real processes, started from two threads."""
+    import os
+    import threading
+
+    import psutil
+
+    from deploy import procs
+    from fencing.config import load_settings
+    settings = load_settings({"HERDFENCE_HOME": str(tmp_path)})
+    marker = f"sleep 29{os.getpid() % 10}"
+    spec = procs.ProcSpec(name="api", argv=marker.split(), markers=[marker])
+    barrier, got = threading.Barrier(2), []
+
+    def start() -> None:
+        barrier.wait()
+        got.append(procs.start(settings, spec))
+    threads = [threading.Thread(target=start) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    running = [p.pid for p in psutil.process_iter(["cmdline"]) if " ".join(p.info["cmdline"] or []) == marker]
+    try:
+        assert len(got) == 2 and got[0].pid == got[1].pid, [g.pid for g in got]
+        assert running == [got[0].pid]
+        assert procs.read_record(settings, "api").pid == got[0].pid
+    finally:
+        for pid in running:
+            procs.kill_leftovers(pid)

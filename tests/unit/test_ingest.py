@@ -16,7 +16,7 @@ from ingest import kafka_read
 from ingest.kafka_read import read_partition, read_range
 from ingest.kafka_types import KafkaRange, KafkaRanges
 from tests.conftest import OFFSET
-from ingest.admission import BurstGate, hold, release
+from ingest.admission import BURST_WINDOW_S, BurstGate, hold, release
 from ingest.kafka_source import (ARROW_SCHEMA, KafkaStreamReader, SourceOptions, fair_share, register,
                                  split_ranges)
 from ingest.producer import BrokerUnavailable, KafkaWriter, ReportProducer
@@ -162,7 +162,7 @@ def test_a_burst_that_pauses_for_a_look_is_still_waited_for():
     assert all(looks[:7])            # through the one-look pause at 800, to the last growth (1,200)
     assert False in looks            # then a whole window without growth ends it ...
     ended = looks.index(False)
-    assert 7 <= ended <= 7 + 0.3 / 0.05 and not any(looks[ended + 1:])   # ... within BURST_WINDOW_S
+    assert 7 <= ended <= 7 + BURST_WINDOW_S / 0.05 and not any(looks[ended + 1:])   # ... within BURST_WINDOW_S
 
 
 def test_split_ranges_min_partitions():
