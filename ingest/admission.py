@@ -60,10 +60,10 @@ class BurstGate:
     def _since_window(self, now: float) -> tuple[float, int] | None:
         """The look the growth is measured from: the newest at least BURST_WINDOW_S old, else the
         oldest there is (None: none yet). Older looks are forgotten."""
-        old = [i for i, (when, _) in enumerate(self._looks) if now - when >= BURST_WINDOW_S]
-        if old:
-            del self._looks[:old[-1]]
-        return self._looks[0] if self._looks else None
+        looks = self._looks                 # in time order
+        while len(looks) > 1 and now - looks[1][0] >= BURST_WINDOW_S:
+            del looks[0]
+        return looks[0] if looks else None
 
 
 def hold(path: Path, seconds: float) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fencing.config import TOPIC_EVENTS
+from fencing.config import TOPIC_DLQ, TOPIC_EVENTS
 from fencing.model.timeutil import iso_many
 from fencing.model import compact_json, keys, live_stream, notify
 from fencing.model.event_index import LUA_COLLECT, KeyTable, index_keys
@@ -177,7 +177,7 @@ class Sinks:
             # Kafka has no upsert: the marker keeps a replayed batch from producing again; consumers can
             # also drop duplicates by the deterministic event_id.
             self.producer.produce_records(TOPIC_EVENTS, event_records(events))
-            self.producer.produce_records("gps.reports.dlq", [(None, d.encode()) for d in dead_letters])
+            self.producer.produce_records(TOPIC_DLQ, [(None, d.encode()) for d in dead_letters])
             self.redis.set(marker, "1", ex=7 * 24 * 3600)
         if pings:
             pipe = NodePipeline(self.redis)
