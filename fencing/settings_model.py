@@ -194,14 +194,6 @@ class HerdfenceEnv(BaseSettings):
         1_000_000, JOB, "admission control: the most records per micro-batch. Only a backlog fills a batch; a "
         "bigger one pays each device's state read and write, and Spark's fixed cost per batch, once for more of "
         "its reports")
-    burst_records_per_s: Annotated[int, at.Ge(0)] = setting(
-        150_000, JOB, "admission control: while reports arrive faster than this (a flood, a backlog uploaded "
-        "after an outage) into a job that had caught up, and less than a full batch waits, the next micro-batch "
-        "waits for the burst to end, about `HERDFENCE_BURST_WAIT_SECONDS` at most: one batch then pays each "
-        "device's fixed cost once for the whole burst. A busy job never waits; a slower stream waits one 50 ms "
-        "look at most. 0: never")
-    burst_wait_seconds: Annotated[Number, at.Ge(0)] = setting(
-        3.0, JOB, "the longest a micro-batch waits for a burst of reports to end (`HERDFENCE_BURST_RECORDS_PER_S`)")
     single_task_records: Annotated[int, at.Ge(0)] = setting(
         10_000, JOB, "a micro-batch of at most this many records runs as one Spark task (one reader for all "
         "its Kafka ranges, no shuffle: `fencing/stream/single_task.py`); events and state are the same either "

@@ -7,8 +7,8 @@ running the batch, so a restarted query replays exactly the uncommitted ranges.
 Options (as Spark's Kafka source): kafka.bootstrap.servers, subscribe, startingOffsets
 (earliest | latest | JSON {"0": 42}), maxOffsetsPerTrigger, minPartitions, failOnDataLoss,
 plus herdfence's: client (confluent | kafka-python, read path), probeIntervalMs (driver throttle),
-partitionDiscoveryIntervalMs, holdFile, burstRecordsPerSecond and burstWaitMs (ingest.admission: when
-latestOffset plans nothing new).
+partitionDiscoveryIntervalMs and holdFile (ingest.admission: latestOffset plans nothing new while the
+reads are held).
 
 Why the log end comes from a fetch response: Tansu's ListOffsets(latest) answers the newest batch's
 first offset + 1, so the tail of the last batch would stay unread while producers are idle. The
@@ -27,7 +27,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader
 from pyspark.sql.types import StructType
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
-from ingest.admission import BURST_LOOK_S, BURST_LOOKS_S, BurstGate, held
+from ingest.admission import held
 from ingest.kafka_read import read_partition
 from ingest.kafka_types import ARROW_SCHEMA, BATCH_ROWS, FETCH_WAIT_MS, SCHEMA, DataLossError, KafkaRange  # noqa: F401
 
@@ -48,8 +48,6 @@ class SourceOptions:
     probe_interval_s: float = 0.1
     discovery_interval_s: float = 5.0
     hold_file: str | None = None
-    burst_rate: int = 0             # records/s: faster arrivals are a burst (0: no burst waits)
-    burst_wait_s: float = 0.0
 
     @classmethod
     def parse(cls, o: dict[str, str]) -> "SourceOptions":
@@ -68,7 +66,7 @@ class SourceOptions:
                    get("client") or "confluent",
                    (num("probeIntervalMs") or 100) / 1000.0,
                    (num("partitionDiscoveryIntervalMs") or 5000) / 1000.0,
-                   get("holdFile") or None, num("burstRecordsPerSecond") or 0, (num("burstWaitMs") or 0) / 1000.0)
+                   get("holdFile") or None)
 
 
 # ----------------------------------------------------------------------------- pure planning
@@ -224,7 +222,6 @@ class KafkaStreamReader(DataSourceStreamReader):
         self.opts = opts
         self._probe: LogEndProbe | None = None
         self._available_now: Offsets | None = None
-        self._burst = BurstGate(opts.burst_rate, opts.burst_wait_s)
 
     @property
     def probe(self) -> LogEndProbe:
@@ -233,8 +230,7 @@ class KafkaStreamReader(DataSourceStreamReader):
         return self._probe
 
     def __getstate__(self) -> dict:
-        return {"opts": self.opts, "_probe": None, "_available_now": self._available_now,
-                "_burst": BurstGate(self._burst.rate, self._burst.wait_s)}     # its state stays with the planner
+        return {"opts": self.opts, "_probe": None, "_available_now": self._available_now}
 
     # --- offsets
     def initialOffset(self) -> Offsets:
@@ -251,22 +247,11 @@ class KafkaStreamReader(DataSourceStreamReader):
         return ReadMaxRows(m) if m else ReadAllAvailable()
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
-        """The offsets the next batch reads to; `start` itself (no batch) while the reads are held or
-        a burst is waited for (ingest.admission). A burst's wait looks again every BURST_LOOK_S within
-        the call, for about BURST_LOOKS_S, so its batch starts soon after it ends."""
+        """The offsets the next batch reads to; `start` itself (no batch) while the reads are held
+        (ingest.admission)."""
         if held(self.opts.hold_file):
             return dict(start)          # no new records planned: no batch runs
         ends = self._ends(start, self._listed(start, limit))
-        full = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        looks_until = time.monotonic() + BURST_LOOKS_S
-        while self._available_now is None and self._burst.wait(
-                sum(e - start.get(p, 0) for p, e in ends.items()), sum(ends.values()), full):
-            if time.monotonic() >= looks_until:      # the rest of the wait falls to the next trigger
-                return dict(start)
-            time.sleep(BURST_LOOK_S)
-            if held(self.opts.hold_file):
-                return dict(start)
-            ends = self._ends(start, {str(p): e for p, e in self.probe.ends(force=True).items()})
         if isinstance(limit, ReadMaxRows):
             begin = {p: start.get(p, 0) for p in ends}  # new partitions are read from their start
             take = fair_share({p: ends[p] - begin[p] for p in ends}, limit.max_rows)

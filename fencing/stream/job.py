@@ -217,8 +217,6 @@ def _source(spark: SparkSession, settings: Settings, starting: str = "earliest",
             # a loud failure on lost offsets, unless the operator asked to skip them (docs/operations.md)
             .option("failOnDataLoss", "false" if TUNING.skip_lost_offsets else "true")
             .option("holdFile", str(settings.ingest_hold_file))
-            .option("burstRecordsPerSecond", str(TUNING.burst_records_per_s))
-            .option("burstWaitMs", str(int(TUNING.burst_wait_seconds * 1000)))
             .load())
 
 

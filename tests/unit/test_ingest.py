@@ -16,7 +16,7 @@ from ingest import kafka_read
 from ingest.kafka_read import read_partition, read_range
 from ingest.kafka_types import KafkaRange, KafkaRanges
 from tests.conftest import OFFSET
-from ingest.admission import BURST_WINDOW_S, BurstGate, hold, release
+from ingest.admission import hold, release
 from ingest.kafka_source import (ARROW_SCHEMA, KafkaStreamReader, SourceOptions, fair_share, register,
                                  split_ranges)
 from ingest.producer import BrokerUnavailable, KafkaWriter, ReportProducer
@@ -124,47 +124,6 @@ def test_fair_share_spreads_and_refills():
     assert sum(fair_share({str(i): 1000 for i in range(7)}, 100).values()) == 100
 
 
-def test_a_burst_into_a_caught_up_log_waits_for_its_end_once():
-    """The first batch of a flood waits (at most wait_s) while records pour in faster than the rate,
-    then takes them whole; a trickle, a steady stream, a full batch waiting, or a busy job never waits
-    (a stream: one look at most, after the job had caught up)."""
-    gate = BurstGate(rate=1000, wait_s=3.0)          # a first look needs 20 records
-    assert not gate.wait(0, 100, None, now=0.0)                     # caught up: nothing to read
-    assert gate.wait(500, 600, None, now=0.25)                      # many at once into a caught-up log
-    assert gate.wait(900, 1000, None, now=0.5)                      # still 1,600/s
-    assert not gate.wait(900, 1000, None, now=0.75)                 # the burst ended: one batch takes it
-    assert not gate.wait(5000, 6000, None, now=1.0)                 # busy since: a batch runs at once
-    assert not gate.wait(0, 6000, None, now=2.0)
-    assert not gate.wait(10, 6010, None, now=2.25)                  # a trickle runs at once
-    assert not gate.wait(0, 6010, None, now=2.5)
-    assert gate.wait(200, 6210, None, now=2.75)                     # one more look ...
-    assert not gate.wait(400, 6410, None, now=3.0)                  # ... 800/s: a stream, not a burst
-    assert not gate.wait(0, 6410, None, now=3.5)
-    assert gate.wait(2000, 8410, 10_000, now=3.75)                  # waits ...
-    assert not gate.wait(12_000, 18_410, 10_000, now=4.0)           # ... not once a full batch is there
-    assert not gate.wait(0, 18_410, None, now=5.0)
-    waits = [gate.wait(1000 * i, 18_410 + 1000 * i, None, now=5.0 + i * 0.25) for i in range(1, 20)]
-    assert waits[:12] == [True] * 12 and waits[12] is False and not any(waits[13:])   # 3 s at most
-    off = BurstGate(rate=0, wait_s=3.0)
-    assert not off.wait(0, 0, None, now=0.0) and not off.wait(10_000, 10_000, None, now=0.25)
-    busy = BurstGate(rate=1000, wait_s=3.0)          # background traffic: a trickle at every look
-    assert not busy.wait(10, 10, None, now=0.0) and not busy.wait(15, 25, None, now=0.25)
-    assert busy.wait(3000, 3025, None, now=0.5)                     # a burst on top of it still waits
-
-
-def test_a_burst_that_pauses_for_a_look_is_still_waited_for():
-    """A producer pausing for one look (50 ms) under a flood does not end the wait: the burst has
-    ended only when the log grew slower than the rate over BURST_WINDOW_S."""
-    gate = BurstGate(rate=1000, wait_s=3.0)
-    assert not gate.wait(0, 0, None, now=0.0)                         # caught up
-    ends = [0, 200, 400, 600, 800, 800, 1000, 1200, 1200, 1200, 1200, 1200, 1200, 1200]   # 4,000/s
-    looks = [gate.wait(end, end, None, now=0.1 + 0.05 * i) for i, end in enumerate(ends[1:])]
-    assert all(looks[:7])            # through the one-look pause at 800, to the last growth (1,200)
-    assert False in looks            # then a whole window without growth ends it ...
-    ended = looks.index(False)
-    assert 7 <= ended <= 7 + BURST_WINDOW_S / 0.05 and not any(looks[ended + 1:])   # ... within BURST_WINDOW_S
-
-
 def test_split_ranges_min_partitions():
     from ingest.kafka_source import KafkaRange
     r = [KafkaRange(BOOT, "t", 0, 0, 100, True, "confluent"), KafkaRange(BOOT, "t", 1, 5, 5, True, "confluent")]
@@ -261,50 +220,6 @@ def test_a_hold_plans_nothing_until_released_or_over(broker, tmp_path):
     assert sum(r.latestOffset(start, r.getDefaultReadLimit()).values()) == 30
     path.write_text("not a time")
     assert sum(r.latestOffset(start, r.getDefaultReadLimit()).values()) == 30
-    r.stop()
-
-
-def test_a_burst_is_planned_whole_once_it_ends(broker):
-    """latestOffset plans nothing while a burst pours into a caught-up log, and all of it once the
-    burst is over; a burst already over by the first look is planned in that same call."""
-    import threading
-    topic = "t-burst"
-    make_topic(topic, 2)
-    r = reader(topic, startingOffsets="latest", probeIntervalMs="0", burstRecordsPerSecond="200",
-               burstWaitMs="10000")
-    start = r.initialOffset()
-    limit = r.getDefaultReadLimit()
-    assert r.latestOffset(start, limit) == start                    # caught up
-    fill(topic, 500)
-    assert sum(r.latestOffset(start, limit).values()) == 500        # over at once: planned at once
-    caught_up = r.latestOffset(start, limit)                         # (as the job would commit it)
-    assert r.latestOffset(caught_up, limit) == caught_up
-    stop, failed = threading.Event(), []
-
-    def pour() -> None:                    # thousands a second (the rate is 200/s), until stopped
-        try:
-            writer, i = KafkaWriter(BOOT), 0
-            while not stop.is_set():
-                writer.produce_records(topic, ((f"cow-{j % 50}", b"{}") for j in range(i, i + 100)))
-                i += 100
-        except Exception as e:  # noqa: BLE001 - reported by the test, not lost with the thread
-            failed.append(e)
-    pouring = threading.Thread(target=pour)
-    pouring.start()
-    try:
-        deadline = time.time() + 30
-        while sum(r.probe.ends(force=True).values()) <= sum(caught_up.values()) and time.time() < deadline \
-                and not failed:
-            pass                                                     # the burst has begun
-        assert not failed and sum(r.probe.ends(force=True).values()) > sum(caught_up.values())
-        assert r.latestOffset(caught_up, limit) == caught_up         # waits for it to end
-    finally:
-        stop.set()
-        pouring.join()
-    assert not failed
-    total = sum(r.probe.ends(force=True).values())
-    assert total > sum(caught_up.values())
-    assert sum(r.latestOffset(caught_up, limit).values()) == total   # then takes it whole
     r.stop()
 
 
