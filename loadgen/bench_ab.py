@@ -1,8 +1,11 @@
 """`herdfence bench ab`: this checkout against another commit's checkout, in one sitting.
 
 Figures from different days differ 2-3x on a shared 2-core machine; a ratio measured in one sitting
-holds. So both sides run the same `bench push` arguments, interleaved (this checkout, the other, this,
-...), and the median of each side's runs is compared. The other side is a checkout with its own venv
+holds. So both sides run the same `bench push` arguments, interleaved, and the median of each side's
+runs is compared. The order turns every round (this checkout first, then the other first, ...): a
+machine that speeds up or slows down through the sitting would otherwise favour the side that always
+runs second (measured 2026-11-29: 054811b rose from 77,624 to 108,537 points/s over 25 minutes, run
+after main each time). Each round's own ratio is kept beside the medians (`round_ratios`). The other side is a checkout with its own venv
 (`git worktree add ../base <commit> && make -C ../base venv`).
 
     herdfence bench ab --base ../base --rounds 3 --json docs/ab-054811b.json -- \\
@@ -51,16 +54,27 @@ def collect(work: Path, base: Path | None, push_args: list[str]) -> dict:
                for side in SIDES}
     ratio = (medians["main"]["points_per_s"] / medians["base"]["points_per_s"]
              if medians["main"]["points_per_s"] and medians["base"]["points_per_s"] else None)
+    by_round = {side: {r["round"]: r["points_per_s"] for r in runs[side] if r.get("points_per_s")} for side in SIDES}
+    round_ratios = {r: round(by_round["main"][r] / by_round["base"][r], 3)
+                    for r in sorted(set(by_round["main"]) & set(by_round["base"]))}
     return {"command": "herdfence bench push " + " ".join(push_args),
             "commits": {"main": _commit(ROOT), "base": _commit(base) if base else None},
             "runs": runs, "medians": medians, "ratio": round(ratio, 3) if ratio else None,
+            "round_ratios": round_ratios,
             "date": time.strftime("%Y-%m-%d", time.gmtime())}
+
+
+def round_order(round_: int) -> tuple[str, str]:
+    """Which side runs first in a round (1-based): this checkout in odd rounds, the other in even ones."""
+    return SIDES if round_ % 2 else SIDES[::-1]
 
 
 def run(base: Path, rounds: int, work: Path, push_args: list[str]) -> None:
     work.mkdir(parents=True, exist_ok=True)
+    checkouts = {"main": ROOT, "base": base}
     for round_ in range(1, rounds + 1):
-        for side, checkout in (("main", ROOT), ("base", base)):
+        for side in round_order(round_):
+            checkout = checkouts[side]
             out = work / f"{side}-{round_}.json"
             print(f"bench ab: round {round_}, {side} ({checkout})", file=sys.stderr, flush=True)
             subprocess.run([str(checkout / ".venv" / "bin" / "herdfence"), "bench", "push", *push_args,

@@ -416,7 +416,12 @@ def _ab(runs: list[tuple[Path, dict]]) -> list[str]:
             m = medians.get(side) or {}
             lines.append(f"| {commits.get(side)} | median | {_fmt(m.get('points_per_s'))} | "
                          f"{_fmt(m.get('producer_s'), 2)} | {_fmt(m.get('drain_points_per_s'))} | | |")
-        lines += ["", f"Ratio of the medians, points/s: **{_fmt(r.get('ratio'), 2)}**.", ""]
+        lines += ["", f"Ratio of the medians, points/s: **{_fmt(r.get('ratio'), 2)}**."]
+        by_round = r.get("round_ratios") or {}
+        if by_round:     # each round's own ratio: a drift through the sitting shows here
+            lines.append("Each round's ratio: " + ", ".join(f"{_fmt(float(v), 2)}" for _, v in
+                                                            sorted(by_round.items(), key=lambda kv: int(kv[0]))) + ".")
+        lines.append("")
     return lines
 
 

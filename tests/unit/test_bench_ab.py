@@ -26,12 +26,14 @@ def test_medians_ratio_and_report(tmp_path):
     assert summary["medians"]["base"]["points_per_s"] == 45.0
     assert summary["ratio"] == round(100.0 / 45.0, 3)
     assert [r["round"] for r in sorted(summary["runs"]["main"], key=lambda r: r["round"])] == [1, 2, 3]
+    assert summary["round_ratios"] == {1: 1.8, 2: 3.0}        # rounds both sides ran
     docs = tmp_path / "docs"
     docs.mkdir()
     (docs / "ab-test.json").write_text(json.dumps(summary))
     text = write_report(docs).read_text()
     assert "herdfence bench push --points 1000" in text and "**2.22**" in text
     assert text.count("| median |") == 2
+    assert "Each round's ratio: 1.80, 3.00." in text
 
 
 def test_collect_from_the_command_line(tmp_path):
@@ -40,3 +42,8 @@ def test_collect_from_the_command_line(tmp_path):
     out = tmp_path / "ab.json"
     assert bench_ab.main(["--collect", str(tmp_path), "--json", str(out), "--", "--points", "5"]) == 0
     assert json.loads(out.read_text())["ratio"] == 0.5
+
+
+def test_the_side_that_runs_first_turns_every_round():
+    orders = [bench_ab.round_order(r) for r in range(1, 5)]
+    assert orders == [("main", "base"), ("base", "main"), ("main", "base"), ("base", "main")]
