@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import lru_cache
 
 from fencing.model.fence_store import FenceRules
 from fencing.model.transitions import DEFAULT_RULES, LATE_HORIZON_MS, DeviceState, Event, FenceState, make_event, \
@@ -47,14 +48,32 @@ MAX_EMITTED = 128
 
 def confirmed_inside(state: DeviceState, uid: str) -> "Callable[[int], bool]":
     """Whether the device was confirmed inside `uid` at a time, as far as its state remembers: a test
-    of t, with the stays of `uid` picked out once (a replay asks it for every kept fix)."""
+    of t, with the stays of `uid` picked out once (a replay asks it for every kept fix, for every
+    fence it judges: the common shapes, no stay or only the current one, get a test of their own)."""
     current = state.fences.get(uid)
     since = current.since if current is not None and current.inside else None
     spans = [(s[1], s[2]) for s in state.stays if s[0] == uid]
+    if not spans:
+        return _never if since is None else lambda t: since <= t
 
     def at(t: int) -> bool:
-        return (since is not None and since <= t) or any(a <= t < b for a, b in spans)
+        if since is not None and since <= t:
+            return True
+        for a, b in spans:
+            if a <= t < b:
+                return True
+        return False
     return at
+
+
+def _never(_t: int) -> bool:
+    return False
+
+
+@lru_cache(maxsize=4096)
+def _without_dwell(rule: FenceRules) -> FenceRules:
+    """The rule a late judgement debounces by: the fence's own, without dwell (an excursion is no stay)."""
+    return dataclasses.replace(rule, dwell_seconds=None)
 
 
 def replay(state: DeviceState, device_id: str, fixes: list[tuple[int, float, float, frozenset[str]]],
@@ -130,7 +149,8 @@ def _excursions(state: DeviceState, device_id: str, uid: str, rule: FenceRules, 
     waits for live fixes at its end. The scan's own debounce state: `inside` = away from the confirmed
     membership (no dwell: it is no stay)."""
     out: list[Event] = []
-    rule = dataclasses.replace(rule, dwell_seconds=None)
+    rule = _without_dwell(rule)
+    windowed = rule.windowed      # else active at every time: no call per fix
     scan = FenceState()
     departure = None              # (ts, lat, lon, confirmed membership, streak held a late fix)
     with_late = old = False
@@ -140,7 +160,7 @@ def _excursions(state: DeviceState, device_id: str, uid: str, rule: FenceRules, 
             continue              # an episode begun before a forgotten live fix: late fixes only
         base = inside_at(t)
         if late:
-            disagree = (uid in fences and rule.active(t)) != base
+            disagree = (uid in fences and (not windowed or rule.active(t))) != base
         else:
             disagree = fences is not None and uid in fences
         if disagree == scan.inside:
