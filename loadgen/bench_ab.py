@@ -5,8 +5,8 @@ holds. So both sides run the same `bench push` arguments, interleaved, and the m
 runs is compared. The order turns every round (this checkout first, then the other first, ...): a
 machine that speeds up or slows down through the sitting would otherwise favour the side that always
 runs second (measured 2026-11-29: 054811b rose from 77,624 to 108,537 points/s over 25 minutes, run
-after main each time). Each round's own ratio is kept beside the medians (`round_ratios`). The other side is a checkout with its own venv
-(`git worktree add ../base <commit> && make -C ../base venv`).
+after main each time). Each round's own ratio is kept beside the medians (`round_ratios`). The other
+side is a checkout with its own venv (`git worktree add ../base <commit> && make -C ../base venv`).
 
     herdfence bench ab --base ../base --rounds 3 --json docs/ab-054811b.json -- \\
         --fences 100000 --points 1000000 --devices 10000
