@@ -257,7 +257,8 @@ def main() -> None:
     keep_warm.planner = not epoch
     if not epoch and keep_warm.every_s > 0:
         # a standby shares the machine with the active job: warm just often enough that Spark, which
-        # stops a Python worker idle for a minute, keeps them (each run is three small Spark jobs)
+        # stops a Python worker idle for a minute, keeps them (each run is two small Spark jobs, the
+        # first also runs the batch's operators once: fencing.stream.warm_standby)
         keep_warm.every_s = max(keep_warm.every_s, STANDBY_WARM_EVERY_S)
     warm_executors = bool(epoch) or is_local(settings.spark_master_url)
     if warm_executors:

@@ -62,6 +62,7 @@ class KeepWarm(Periodic):
         self.runs = 0
         self.workers_met = 0        # distinct workers the last run met
         self.planner = False        # a standby: also warm the source's planner and the batch's operators
+        self.batch_path_warm = False  # the batch's operators were run once (the JVM keeps what it compiled)
 
     def tick(self) -> None:
         if time.time() - self.last_activity() >= self.every_s:   # else micro-batches keep the workers busy
@@ -77,8 +78,13 @@ class KeepWarm(Periodic):
         if self.planner:          # a standby: also what the first batch after a take-over would pay
             from fencing.stream import routing
             from fencing.stream.warm_standby import warm_batch_path, warm_planner
+            # the planner's Python worker is stopped when idle a minute, like any: met every run
             warm_planner(self.spark)
-            warm_batch_path(self.spark, routing.load(self.redis).partitions)
+            if not self.batch_path_warm:
+                # loaded classes and compiled code stay in the JVM: once is enough (its shuffle and
+                # a task per routed partition every run were a third of an idle standby's CPU)
+                warm_batch_path(self.spark, routing.load(self.redis).partitions)
+                self.batch_path_warm = True
         self.runs += 1
         self.redis.set(self.status_key, orjson.dumps({"time": time.time(), "runs": self.runs, "tasks": rows,
                                                       "driver_pid": os.getpid()}))

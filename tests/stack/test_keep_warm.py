@@ -87,6 +87,26 @@ def test_a_run_meets_every_pooled_worker_when_a_batch_left_more_than_one_per_cor
     assert pool <= runs[-1] and runs[-1] == runs[-2]
 
 
+def test_a_standby_warms_the_batch_path_once(stack):
+    """The JVM keeps the classes and code the batch's operators loaded: running them again every
+    keep-warm period only cost the standby CPU."""
+    from fencing.stream.warm_standby import BATCH_PATH_GROUP
+    spark = get_spark()
+    tracker = spark.sparkContext.statusTracker()
+    keep_warm = KeepWarm(spark, stack.redis, stack.settings.redis_node, last_activity=lambda: 0.0,
+                         status_key="test:keepwarm:standby")
+    keep_warm.planner = True
+    before = set(tracker.getJobIdsForGroup(BATCH_PATH_GROUP))
+    keep_warm.warm_once()
+    first = set(tracker.getJobIdsForGroup(BATCH_PATH_GROUP)) - before
+    assert first                                   # the first run warmed it
+    keep_warm.warm_once()
+    keep_warm.warm_once()
+    spark.range(0, 4, 1, 2).collect()              # the thread's later jobs are not in its group
+    assert set(tracker.getJobIdsForGroup(BATCH_PATH_GROUP)) - before - first == set()
+    assert orjson.loads(stack.redis.get("test:keepwarm:standby"))["runs"] == 3
+
+
 # forks after bringing the cache up to date, as the daemon does for each worker; the child (a worker)
 # exits 0 when the fence is in the cache it was forked with, 3 when not
 _FORK_AFTER_REFRESH = """
