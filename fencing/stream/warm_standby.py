@@ -55,7 +55,7 @@ def warm_batch_path(spark, partitions: int) -> None:  # noqa: ANN001 - SparkSess
     """The micro-batch's operators (fencing.stream.job): repartition by route, mapInArrow, toArrow."""
     from fencing.stream.rows import OUTPUT_DDL
     sc = spark.sparkContext
-    sc.setJobGroup(BATCH_PATH_GROUP, "herdfence: warm the batch's operators")
+    sc.setLocalProperty("spark.jobGroup.id", BATCH_PATH_GROUP)    # only what `finally` clears
     try:
         rows = spark.range(0, 4 * partitions, 1, 2).selectExpr("cast(1 as tinyint) as kind", "id as route",
                                                               "cast('' as binary) as payload")
