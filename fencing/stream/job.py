@@ -33,7 +33,7 @@ from fencing.model.heartbeat import Heartbeat, PartitionStats, ReaderTiming, Run
 from fencing.model.offset_log import logged_offsets
 from fencing.model.job_user import admit_everywhere, admit_missed
 from fencing.model.lease import Lease, mark_standby
-from fencing.stream.process import ProcessContext, process_partition
+from fencing.stream.process import ProcessContext
 from fencing.stream import fork_server, rows
 from fencing.stream.keep_warm import ACTIVE_WARM_KEY, KEEP_WARM_S, STANDBY_WARM_KEY, KeepWarm
 from fencing.model.redis_conn import cluster
@@ -41,7 +41,7 @@ from fencing.stream.pruning import DeletedFencePruner, HistoryCompactor
 from fencing.stream.retention import RETENTION_DAYS, EventRetention
 from fencing.stream.silent import SEEN_STEP_MS, SilentScanner
 from fencing.stream import standby_priority
-from fencing.stream.single_task import single_task_stage
+from fencing.stream.stages import shuffled_stage, single_task_stage
 from fencing.stream.sinks import Sinks
 from fencing.stream.spark_session import build_session, is_local, start_scale_watcher
 from fencing.config import TUNING
@@ -107,17 +107,14 @@ class BatchProcessor:
         proc = ProcessContext(batch_id, host, port, table, deleted, str(self.settings.history_dir), self.run_id,
                               SEEN_STEP_MS, self.epoch, elastic=self.elastic)
 
-        def stage(shuffled, partition: int | None = None):
-            return process_partition(proc, rows.unpack(shuffled), partition)
         # df: the source's reports, already parsed and routed by the readers (fencing.stream.report_source),
         # collected as Arrow: no Row object per event (tens of thousands a batch under a backlog)
         if df.rdd.getNumPartitions() == 1:
             # the source read the batch in one task (fencing.stream.single_task): that task processes
             # each routed partition in turn, no shuffle
-            one_task = single_task_stage(routing.partition_salts(n), stage)
-            out = df.mapInArrow(one_task, rows.OUTPUT_DDL).toArrow()
+            out = df.mapInArrow(single_task_stage(proc, routing.partition_salts(n)), rows.OUTPUT_DDL).toArrow()
         else:
-            out = df.repartition(n, "route").mapInArrow(stage, rows.OUTPUT_DDL).toArrow()
+            out = df.repartition(n, "route").mapInArrow(shuffled_stage(proc), rows.OUTPUT_DDL).toArrow()
         spark_s = time.time() - started
         kinds = out.column("kind").to_numpy()
         # events stay Arrow (produced in chunks by the sinks): none becomes a Python object here

@@ -1,7 +1,8 @@
-"""Stage 2 of a micro-batch (one task per routed partition): membership against the task's fence
-cache, device state read in bulk from Redis (versioned by batch id), debounced transitions, and the
-idempotent live-state writes (state, positions, position index, fence members). Events, the side rows
-it was handed, and the partition's load statistics go back to the driver as rows (fencing.stream.rows).
+"""Stage 2 of a micro-batch, once per routed partition (fencing.stream.stages runs it): membership
+against the worker's fence cache, device state read in bulk from Redis (versioned by batch id),
+debounced transitions, and the idempotent live-state writes (state, positions, position index, fence
+members). Events, the side rows it was handed, and the partition's load statistics go back to the
+driver as rows (fencing.stream.rows).
 
 Its steps, in order: drop the fence groups a new routing version moved (the elastic controller's
 reconfiguration), shed the reports that cannot change any state when the routing table asks for it
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 import pyarrow as pa
-from pyspark import TaskContext
 
 from fencing.model import compact_json, history, keys, notify
 from fencing.stream import rows, worker_gc
@@ -67,13 +67,10 @@ class CallCounter:
             self.cross += commands
 
 
-def process_partition(ctx: ProcessContext, given: rows.StageInput, partition: int | None = None):
-    """`partition`: the routed partition these reports belong to (default: this task's; a single-task
-    batch, fencing.stream.single_task, runs every partition in one task)."""
-    worker_gc.task_started()
+def process_partition(ctx: ProcessContext, given: rows.StageInput, partition: int):
+    """The routed partition `partition`'s reports processed (fencing.stream.stages calls it, once per
+    routed partition a task serves); its events, the side rows it was handed and its statistics out."""
     started = time.perf_counter()
-    if partition is None:
-        partition = TaskContext.get().partitionId() if TaskContext.get() else 0
     side = list(given.side)
     reports = given.reports
     evs: list[list] = [[], [], [], []]          # public JSON, key, ts, event id

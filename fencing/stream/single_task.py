@@ -10,16 +10,12 @@ stage once per routed partition, with that partition's reports, in their arrival
 
 Who decides: the source alone, when it plans the batch's input partitions: one when the batch's offset
 range holds at most `limit` records (`is_single_task`). The driver asks the planned batch how many
-input partitions it has and builds the stage to match; a replay plans the same offsets the same way.
+input partitions it has and builds the stage to match (fencing.stream.stages holds both stages' task
+side); a replay plans the same offsets the same way.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator
-
-import pyarrow as pa
-
 from fencing.model.offset_log import Offsets
-from fencing.stream.rows import split_by_route
 
 
 def planned_records(start: Offsets, end: Offsets) -> int:
@@ -29,14 +25,3 @@ def planned_records(start: Offsets, end: Offsets) -> int:
 
 def is_single_task(start: Offsets, end: Offsets, limit: int) -> bool:
     return limit > 0 and planned_records(start, end) <= limit
-
-
-def single_task_stage(salts: tuple[int, ...],
-                      process: Callable[[list[pa.RecordBatch], int], Iterator[pa.RecordBatch]]):
-    """The mapInArrow function of a single-task batch: `process(rows, partition)` for every routed
-    partition in turn, with the SHUFFLED rows the shuffle would have sent it (an empty list too: the
-    controller expects a statistics row from each partition)."""
-    def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for partition, part in enumerate(split_by_route(batches, salts)):
-            yield from process(part, partition)
-    return stage

@@ -1,5 +1,5 @@
-"""fencing.stream.single_task: which micro-batches the source plans as one task, and how that task's
-input is split back into its routed partitions, as the shuffle would split it."""
+"""fencing.stream.single_task: which micro-batches the source plans as one task; and how that task's
+input is split back into its routed partitions, as the shuffle would split it (fencing.stream.stages)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,8 @@ import pyarrow as pa
 
 from fencing.stream.routing import partition_salts
 from fencing.stream.rows import SHUFFLED, split_by_route
-from fencing.stream.single_task import is_single_task, planned_records, single_task_stage
+from fencing.stream import stages
+from fencing.stream.single_task import is_single_task, planned_records
 
 
 def test_planned_records_counts_each_partition_and_new_ones_from_zero():
@@ -33,13 +34,17 @@ def test_one_task_s_input_splits_into_its_partitions_in_order():
     assert payloads == [["b0", "b2"], [], ["a0", "a1", "b1", "c0"]]
 
 
-def test_the_stage_runs_every_partition_once_even_an_empty_one():
+def test_the_stage_runs_every_partition_once_even_an_empty_one(monkeypatch):
     salts = partition_salts(4)
     seen = []
 
-    def process(part, partition):
-        seen.append((partition, sum(b.num_rows for b in part)))
+    def process(ctx, given, partition):
+        seen.append((partition, len(given.side)))
         yield _rows([salts[partition]], f"out{partition}-")
-    out = list(single_task_stage(salts, process)(iter([_rows([salts[1], salts[3], salts[3]], "x")])))
+    monkeypatch.setattr(stages, "process_partition", process)
+    side = pa.RecordBatch.from_pydict({"kind": pa.array([2, 2, 2], pa.int8()),
+                                       "route": pa.array([salts[1], salts[3], salts[3]], pa.int64()),
+                                       "payload": pa.array([b"p1", b"p2", b"p3"])}, schema=SHUFFLED)
+    out = list(stages.single_task_stage(None, salts)(iter([side])))
     assert seen == [(0, 0), (1, 1), (2, 0), (3, 2)]
     assert len(out) == 4
