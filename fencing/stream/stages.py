@@ -1,5 +1,6 @@
-"""The process stage's task side, one mapInArrow function per shape of a micro-batch (the driver picks
-the shape: fencing.stream.job; the source plans it: fencing.stream.single_task):
+"""The process stage's task side, one mapInArrow function per shape of a micro-batch (the source plans
+the shape: fencing.stream.single_task; the driver builds the matching stage: fencing.stream.job). Each
+task starts with its garbage-collection step (fencing.stream.worker_gc), once:
 
 - behind `repartition(n, route)`, a task serves one routed partition: its Spark partition's;
 - a single-task batch's one task serves every routed partition in turn, each with the SHUFFLED rows

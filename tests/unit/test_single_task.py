@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from fencing.stream.routing import partition_salts
-from fencing.stream.rows import SHUFFLED, split_by_route
+from fencing.stream.rows import PING, SHUFFLED, split_by_route
 from fencing.stream import stages
 from fencing.stream.single_task import is_single_task, planned_records
 
@@ -36,15 +36,31 @@ def test_one_task_s_input_splits_into_its_partitions_in_order():
 
 def test_the_stage_runs_every_partition_once_even_an_empty_one(monkeypatch):
     salts = partition_salts(4)
-    seen = []
+    seen, gc_steps = [], []
 
     def process(ctx, given, partition):
         seen.append((partition, len(given.side)))
         yield _rows([salts[partition]], f"out{partition}-")
     monkeypatch.setattr(stages, "process_partition", process)
-    side = pa.RecordBatch.from_pydict({"kind": pa.array([2, 2, 2], pa.int8()),
+    monkeypatch.setattr(stages.worker_gc, "task_started", lambda: gc_steps.append(1))
+    side = pa.RecordBatch.from_pydict({"kind": pa.array([PING] * 3, pa.int8()),
                                        "route": pa.array([salts[1], salts[3], salts[3]], pa.int64()),
                                        "payload": pa.array([b"p1", b"p2", b"p3"])}, schema=SHUFFLED)
     out = list(stages.single_task_stage(None, salts)(iter([side])))
     assert seen == [(0, 0), (1, 1), (2, 0), (3, 2)]
     assert len(out) == 4
+    assert len(gc_steps) == 1                   # one garbage-collection step per task, not per partition
+
+
+def test_a_shuffled_task_serves_its_own_partition(monkeypatch):
+    seen, gc_steps = [], []
+
+    def process(ctx, given, partition):
+        seen.append((partition, len(given.side)))
+        return iter(())
+    monkeypatch.setattr(stages, "process_partition", process)
+    monkeypatch.setattr(stages.worker_gc, "task_started", lambda: gc_steps.append(1))
+    side = pa.RecordBatch.from_pydict({"kind": pa.array([PING], pa.int8()), "route": pa.array([7], pa.int64()),
+                                       "payload": pa.array([b"p1"])}, schema=SHUFFLED)
+    assert list(stages.shuffled_stage(None)(iter([side]))) == []
+    assert seen == [(0, 1)] and gc_steps == [1]      # outside a Spark task: partition 0
