@@ -101,15 +101,17 @@ def test_a_standby_warms_the_batch_path_once(stack):
         spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty()     # job starts are recorded async
         return set(tracker.getJobIdsForGroup(BATCH_PATH_GROUP))
     before = group_jobs()
-    keep_warm.warm_once()
-    first = group_jobs() - before
-    assert first                                   # the first run warmed it
-    keep_warm.warm_once()
-    keep_warm.warm_once()
-    spark.range(0, 4, 1, 2).collect()              # the thread's later jobs are not in its group
-    assert group_jobs() - before - first == set()
-    assert orjson.loads(stack.redis.get("test:keepwarm:standby"))["runs"] == 3
-    stack.redis.delete("test:keepwarm:standby")
+    try:
+        keep_warm.warm_once()
+        first = group_jobs() - before
+        assert first                                   # the first run warmed it
+        keep_warm.warm_once()
+        keep_warm.warm_once()
+        spark.range(0, 4, 1, 2).collect()              # the thread's later jobs are not in its group
+        assert group_jobs() - before - first == set()
+        assert orjson.loads(stack.redis.get("test:keepwarm:standby"))["runs"] == 3
+    finally:
+        stack.redis.delete("test:keepwarm:standby")    # the test's own record, also when it fails
 
 
 # forks after bringing the cache up to date, as the daemon does for each worker; the child (a worker)

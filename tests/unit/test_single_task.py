@@ -19,8 +19,8 @@ def test_planned_records_counts_each_partition_and_new_ones_from_zero():
     assert not is_single_task({"0": 0}, {"0": 1}, 0)                  # 0 turns it off
 
 
-def _rows(routes: list[int], tag: str) -> pa.RecordBatch:
-    return pa.RecordBatch.from_pydict({"kind": pa.array(np.zeros(len(routes), np.int8)),
+def _rows(routes: list[int], tag: str, kind: int = 0) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict({"kind": pa.array(np.full(len(routes), kind, np.int8)),
                                        "route": pa.array(routes, pa.int64()),
                                        "payload": pa.array([f"{tag}{i}".encode() for i in range(len(routes))])},
                                       schema=SHUFFLED)
@@ -43,9 +43,7 @@ def test_the_stage_runs_every_partition_once_even_an_empty_one(monkeypatch):
         yield _rows([salts[partition]], f"out{partition}-")
     monkeypatch.setattr(stages, "process_partition", process)
     monkeypatch.setattr(stages.worker_gc, "task_started", lambda: gc_steps.append(1))
-    side = pa.RecordBatch.from_pydict({"kind": pa.array([PING] * 3, pa.int8()),
-                                       "route": pa.array([salts[1], salts[3], salts[3]], pa.int64()),
-                                       "payload": pa.array([b"p1", b"p2", b"p3"])}, schema=SHUFFLED)
+    side = _rows([salts[1], salts[3], salts[3]], "p", PING)       # side rows: no IPC payload to read
     out = list(stages.single_task_stage(None, salts)(iter([side])))
     assert seen == [(0, 0), (1, 1), (2, 0), (3, 2)]
     assert len(out) == 4
@@ -60,7 +58,5 @@ def test_a_shuffled_task_serves_its_own_partition(monkeypatch):
         return iter(())
     monkeypatch.setattr(stages, "process_partition", process)
     monkeypatch.setattr(stages.worker_gc, "task_started", lambda: gc_steps.append(1))
-    side = pa.RecordBatch.from_pydict({"kind": pa.array([PING], pa.int8()), "route": pa.array([7], pa.int64()),
-                                       "payload": pa.array([b"p1"])}, schema=SHUFFLED)
-    assert list(stages.shuffled_stage(None)(iter([side]))) == []
+    assert list(stages.shuffled_stage(None)(iter([_rows([7], "p", PING)]))) == []
     assert seen == [(0, 1)] and gc_steps == [1]      # outside a Spark task: partition 0
