@@ -196,7 +196,7 @@ class HerdfenceEnv(BaseSettings):
         "its reports")
     single_task_records: Annotated[int, at.Ge(0)] = setting(
         10_000, JOB, "a micro-batch of at most this many records runs as one Spark task (one reader for all "
-        "its Kafka ranges, no shuffle: `fencing/stream/single_task.py`); events and state are the same either "
+        "its Kafka ranges, no shuffle: `fencing/stream/batch_shape.py`); events and state are the same either "
         "way. 0: always two stages")
     silent_seconds: Annotated[Number, at.Gt(0)] = setting(
         3600.0, JOB, "a device silent this long (wall clock) gets one `silent` event")

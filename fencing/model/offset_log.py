@@ -3,7 +3,7 @@
 `offsets/<batch id>` holds "v1", the batch's metadata and one JSON line per source (the job has one:
 {"<kafka partition>": end offset}); `commits/<batch id>` exists once the batch is done. Spark writes
 `offsets/N` before batch N runs, and a replay after a crash runs with the same file. Readers: the
-driver (fencing.stream.single_task) and the embedded broker's retention (deploy/broker_retention.py).
+driver (fencing.stream.batch_shape) and the embedded broker's retention (deploy/broker_retention.py).
 """
 from __future__ import annotations
 

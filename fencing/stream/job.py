@@ -41,7 +41,8 @@ from fencing.stream.pruning import DeletedFencePruner, HistoryCompactor
 from fencing.stream.retention import RETENTION_DAYS, EventRetention
 from fencing.stream.silent import SEEN_STEP_MS, SilentScanner
 from fencing.stream import standby_priority
-from fencing.stream.stages import shuffled_stage, single_task_stage
+from fencing.stream.batch_shape import process_tasks
+from fencing.stream.stages import process_stage
 from fencing.stream.sinks import Sinks
 from fencing.stream.spark_session import build_session, is_local, start_scale_watcher
 from fencing.config import TUNING
@@ -109,12 +110,12 @@ class BatchProcessor:
 
         # df: the source's reports, already parsed and routed by the readers (fencing.stream.report_source),
         # collected as Arrow: no Row object per event (tens of thousands a batch under a backlog)
-        if df.rdd.getNumPartitions() == 1:
-            # the source read the batch in one task (fencing.stream.single_task): that task processes
-            # each routed partition in turn, no shuffle
-            out = df.mapInArrow(single_task_stage(proc, routing.partition_salts(n)), rows.OUTPUT_DDL).toArrow()
-        else:
-            out = df.repartition(n, "route").mapInArrow(shuffled_stage(proc), rows.OUTPUT_DDL).toArrow()
+        # the source read a small batch in one task, which then processes each routed partition in
+        # turn, no shuffle; otherwise the shuffle gives each core a task (fencing.stream.batch_shape)
+        single = df.rdd.getNumPartitions() == 1
+        tasks = 1 if single else process_tasks(n, self.spark.sparkContext.defaultParallelism)
+        staged = df if single else df.repartition(tasks, "route")
+        out = staged.mapInArrow(process_stage(proc, routing.partition_salts(n), tasks), rows.OUTPUT_DDL).toArrow()
         spark_s = time.time() - started
         kinds = out.column("kind").to_numpy()
         # events stay Arrow (produced in chunks by the sinks): none becomes a Python object here
@@ -211,6 +212,8 @@ def _source(spark: SparkSession, settings: Settings, starting: str = "earliest",
             .option("startingOffsets", starting)
             .option("maxOffsetsPerTrigger", str(max_offsets))
             .option("singleTaskMaxRecords", str(TUNING.single_task_records))
+            # at most a reader task per core (fencing.stream.batch_shape)
+            .option("readerTasks", str(spark.sparkContext.defaultParallelism))
             # a loud failure on lost offsets, unless the operator asked to skip them (docs/operations.md)
             .option("failOnDataLoss", "false" if TUNING.skip_lost_offsets else "true")
             .option("holdFile", str(settings.ingest_hold_file))

@@ -1,11 +1,17 @@
-"""The process stage's task side, one mapInArrow function per shape of a micro-batch (the source plans
-the shape: fencing.stream.single_task; the driver builds the matching stage: fencing.stream.job). Each
-task starts with its garbage-collection step (fencing.stream.worker_gc), once:
+"""The process stage's task side: one mapInArrow function for every shape of a micro-batch (the source
+plans the shape: fencing.stream.batch_shape; the driver builds the stage: fencing.stream.job).
 
-- behind `repartition(n, route)`, a task serves one routed partition: its Spark partition's;
-- a single-task batch's one task serves every routed partition in turn, each with the SHUFFLED rows
-  the shuffle would have sent it (an empty one too: the controller expects a statistics row from
-  each partition).
+A task serves the routed partitions p with p % tasks == its index, each in turn, with the SHUFFLED rows
+the shuffle sends that partition (an empty one too: the controller expects a statistics row from
+each partition). `repartition(tasks, route)` puts partition p's rows in task p % tasks whenever
+`tasks` divides the partition count (`routing.partition_salts`: Spark's hash of p's salt is p modulo
+the partition count). So one function covers:
+
+- the shuffle, a task per core: each serves several routed partitions (6 on 2 cores: 2 tasks of 3),
+  or one where there are cores enough (tasks = partitions);
+- a single-task batch, read by one task and processed without a shuffle (tasks = 1).
+
+Each task starts with its garbage-collection step (fencing.stream.worker_gc), once.
 """
 from __future__ import annotations
 
@@ -18,17 +24,16 @@ from fencing.stream import rows, worker_gc
 from fencing.stream.process import ProcessContext, process_partition
 
 
-def shuffled_stage(ctx: ProcessContext):
+def process_stage(ctx: ProcessContext, salts: tuple[int, ...], tasks: int):
+    """The stage for a batch routed into len(salts) partitions and run as `tasks` tasks."""
+    if tasks < 1 or len(salts) % tasks:
+        raise ValueError(f"{tasks} tasks cannot serve {len(salts)} routed partitions evenly")
+
     def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         worker_gc.task_started()
         context = TaskContext.get()
-        yield from process_partition(ctx, rows.unpack(batches), context.partitionId() if context else 0)
-    return stage
-
-
-def single_task_stage(ctx: ProcessContext, salts: tuple[int, ...]):
-    def stage(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        worker_gc.task_started()
-        for partition, part in enumerate(rows.split_by_route(batches, salts)):
-            yield from process_partition(ctx, rows.unpack(part), partition)
+        task = context.partitionId() if context else 0
+        parts = rows.split_by_route(batches, salts)
+        for partition in range(task, len(salts), tasks):
+            yield from process_partition(ctx, rows.unpack(parts[partition]), partition)
     return stage
