@@ -68,5 +68,5 @@ FETCH_WAIT_MS = 100
 @dataclass(frozen=True)
 class KafkaRanges(InputPartition):
     """Several ranges read by one task, one after the other (a micro-batch too small to be worth a
-    task per Kafka partition, or reader tasks fewer than the ranges: fencing.stream.batch_shape)."""
+    task per Kafka partition: fencing.stream.batch_shape)."""
     ranges: tuple[KafkaRange, ...]

@@ -28,7 +28,8 @@ def _known(cls, data: dict) -> dict:
 
 @dataclass
 class PartitionStats:
-    """One process task's share of a micro-batch (one per Spark partition)."""
+    """One routed partition's share of a micro-batch (one per routed partition; a process task serves one
+    or several: fencing.stream.stages)."""
     partition: int
     points: int = 0
     devices: int = 0

@@ -2,8 +2,8 @@
 idempotent sinks. Run as `python -m fencing.stream.job` (herdfence up does this).
 
 One streaming query; every micro-batch (foreachBatch, with its batch id) runs:
-  read + prepare (the `herdreports` source, one task per Kafka partition)  → repartition(n, route)
-  → process (one task per routed partition)  → collect
+  read + prepare (the `herdreports` source, one task per Kafka partition)  → repartition(tasks, route)
+  → process (a task per core, each serving its routed partitions: fencing.stream.batch_shape)  → collect
 and the driver writes events / dead letters / pings, then a heartbeat with the batch's load figures
 for the elastic controller.
 
@@ -212,8 +212,6 @@ def _source(spark: SparkSession, settings: Settings, starting: str = "earliest",
             .option("startingOffsets", starting)
             .option("maxOffsetsPerTrigger", str(max_offsets))
             .option("singleTaskMaxRecords", str(TUNING.single_task_records))
-            # at most a reader task per core (fencing.stream.batch_shape)
-            .option("readerTasks", str(spark.sparkContext.defaultParallelism))
             # a loud failure on lost offsets, unless the operator asked to skip them (docs/operations.md)
             .option("failOnDataLoss", "false" if TUNING.skip_lost_offsets else "true")
             .option("holdFile", str(settings.ingest_hold_file))

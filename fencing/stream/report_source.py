@@ -8,9 +8,8 @@ table only on the driver between two micro-batches, so the readers and the batch
 the same version. The route values (salts) come from `routing.partition_salts`, Spark's own hash
 partitioner in Python, so no Spark job is needed on the executors.
 
-Options: herdkafka's, plus `redis` = a cluster node "host:port", `singleTaskMaxRecords` (a batch of at
-most that many records is read by one task) and `readerTasks` (at most that many reader tasks a batch;
-0: one per Kafka range): fencing.stream.batch_shape.
+Options: herdkafka's, plus `redis` = a cluster node "host:port" and `singleTaskMaxRecords` (a batch of at
+most that many records is read by one task; fencing.stream.batch_shape).
 
 The reading stage (fencing.stream.prepare: geometry, pandas, H3) and the Redis client are imported where
 they run, not at the top: the driver's source runner, a fresh Python process started with the query
@@ -27,25 +26,23 @@ from ingest.kafka_types import KafkaRanges
 
 
 class RoutedReportsReader(KafkaStreamReader):
-    def __init__(self, opts: SourceOptions, redis_node: tuple[str, int], single_task_records: int = 0,
-                 reader_tasks: int = 0) -> None:
+    def __init__(self, opts: SourceOptions, redis_node: tuple[str, int], single_task_records: int = 0) -> None:
         super().__init__(opts)
         self.redis_node = redis_node
         self.single_task_records = single_task_records
-        self.reader_tasks = reader_tasks
 
     def __getstate__(self) -> dict:
         return {**super().__getstate__(), "redis_node": self.redis_node,
-                "single_task_records": self.single_task_records, "reader_tasks": self.reader_tasks}
+                "single_task_records": self.single_task_records}
 
     def partitions(self, start: dict, end: dict) -> list:
-        """The batch's reader tasks: one for all its ranges when it is small, else at most
-        `reader_tasks` (fencing.stream.batch_shape decides; the driver asks the planned batch)."""
-        from fencing.stream.batch_shape import is_single_task, reader_groups
+        """A task per Kafka partition, or one task for all of them when the batch is small: the one
+        place that decides (fencing.stream.batch_shape; the driver asks the planned batch)."""
+        from fencing.stream.batch_shape import is_single_task
         ranges = super().partitions(start, end)
         if len(ranges) > 1 and is_single_task(start, end, self.single_task_records):
             return [KafkaRanges(tuple(ranges))]
-        return reader_groups(ranges, self.reader_tasks)
+        return ranges
 
     def read(self, partition: KafkaRange | KafkaRanges) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         from fencing.stream import routing
@@ -77,8 +74,7 @@ class RoutedReportsSource(KafkaDataSource):
         if not host or not port.isdigit():
             raise ValueError("herdreports needs the option redis=host:port (a Redis Cluster node)")
         single = options.get("singleTaskMaxRecords", options.get("singletaskmaxrecords")) or "0"
-        readers = options.get("readerTasks", options.get("readertasks")) or "0"
-        return RoutedReportsReader(SourceOptions.parse(options), (host, int(port)), int(single), int(readers))
+        return RoutedReportsReader(SourceOptions.parse(options), (host, int(port)), int(single))
 
 
 def register(spark) -> None:  # noqa: ANN001 - SparkSession

@@ -89,8 +89,8 @@ def _with_groups(reports: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def split_by_route(rows: Iterable[pa.RecordBatch], salts: tuple[int, ...]) -> list[list[pa.RecordBatch]]:
-    """SHUFFLED rows split by routed partition as the shuffle would split them (a single-task batch's
-    task: fencing.stream.stages), each partition's rows in their order. Rows are few: one per routed
+    """SHUFFLED rows split by routed partition, each partition's rows in their order (a process task
+    serving several routed partitions: fencing.stream.stages). Rows are few: one per routed
     partition and reader, plus side rows."""
     partition_of = {salt: p for p, salt in enumerate(salts)}
     parts: list[list[pa.RecordBatch]] = [[] for _ in salts]

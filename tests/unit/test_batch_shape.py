@@ -9,8 +9,7 @@ import pytest
 from fencing.stream.routing import partition_salts
 from fencing.stream.rows import PING, SHUFFLED, split_by_route
 from fencing.stream import stages
-from fencing.stream.batch_shape import is_single_task, planned_records, process_tasks, reader_groups
-from ingest.kafka_types import KafkaRange, KafkaRanges
+from fencing.stream.batch_shape import is_single_task, planned_records, process_tasks
 
 
 def test_planned_records_counts_each_partition_and_new_ones_from_zero():
@@ -71,20 +70,21 @@ def test_a_shuffled_task_serves_its_own_partition(monkeypatch):
     assert seen == [(4, 1)] and gc_steps == [1]
 
 
-def test_fewer_tasks_each_serve_every_partition_their_index_divides(monkeypatch):
+def test_fewer_tasks_together_serve_every_partition_once(monkeypatch):
     salts = partition_salts(6)
     seen = []
     monkeypatch.setattr(stages, "process_partition", lambda ctx, given, p: seen.append((p, len(given.side))) or iter(()))
     monkeypatch.setattr(stages.worker_gc, "task_started", lambda: None)
-
-    class Task:
-        @staticmethod
-        def partitionId():
-            return 1
-    monkeypatch.setattr(stages.TaskContext, "get", staticmethod(lambda: Task))
-    side = _rows([salts[1], salts[3], salts[3], salts[5]], "p", PING)
-    assert list(stages.process_stage(None, salts, 2)(iter([side]))) == []
-    assert seen == [(1, 1), (3, 2), (5, 1)]
+    side = _rows([salts[0], salts[1], salts[3], salts[3], salts[5]], "p", PING)
+    for task in (0, 1):           # each task gets the rows the shuffle sends it: partition p to task p % 2
+        class Task:
+            @staticmethod
+            def partitionId(task=task):
+                return task
+        monkeypatch.setattr(stages.TaskContext, "get", staticmethod(lambda: Task))
+        mine = side.filter(pa.array([salts.index(r) % 2 == task for r in side.column("route").to_pylist()]))
+        assert list(stages.process_stage(None, salts, 2)(iter([mine]))) == []
+    assert seen == [(0, 1), (2, 0), (4, 0), (1, 1), (3, 2), (5, 1)]   # task 0's, then task 1's
 
 
 def test_tasks_must_divide_the_partitions():
@@ -101,27 +101,6 @@ def test_spark_sends_a_partition_s_rows_to_its_index_modulo_a_divisor():
         for tasks in (d for d in range(1, n + 1) if n % d == 0):
             assert [spark_hash_long(s) % tasks for s in salts] == [p % tasks for p in range(n)]
 
-
-
-def _range(partition: int, records: int) -> KafkaRange:
-    return KafkaRange("127.0.0.1:1", "gps.reports", partition, 100, 100 + records, True, "confluent")
-
-
-def test_reader_tasks_are_at_most_one_per_core_balanced_by_records():
-    ranges = [_range(0, 500), _range(1, 100), _range(2, 400), _range(3, 200)]
-    groups = reader_groups(ranges, 2)
-    assert len(groups) == 2 and all(isinstance(g, KafkaRanges) for g in groups)
-    loads = sorted(sum(r.end - r.start for r in g.ranges) for g in groups)
-    assert loads == [600, 600]                                  # 500+100 and 400+200
-    assert sorted(r.partition for g in groups for r in g.ranges) == [0, 1, 2, 3]   # each range once
-    assert all([r.partition for r in g.ranges] == sorted(r.partition for r in g.ranges) for g in groups)
-
-
-def test_reader_tasks_stay_one_per_range_when_cores_suffice():
-    ranges = [_range(0, 5), _range(1, 7)]
-    assert reader_groups(ranges, 2) == ranges
-    assert reader_groups(ranges, 0) == ranges                   # 0: one task per range
-    assert reader_groups(ranges + [_range(2, 1)], 2)[0] == _range(1, 7)     # a group of one is the range
 
 
 def test_process_tasks_are_the_fewest_that_keep_the_cores_busy():
