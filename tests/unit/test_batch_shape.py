@@ -51,6 +51,15 @@ def test_the_stage_runs_every_partition_once_even_an_empty_one(monkeypatch):
     assert len(gc_steps) == 1                   # one garbage-collection step per task, not per partition
 
 
+def _in_task(monkeypatch, index: int) -> None:
+    """The stage runs as if in the Spark task of that partition index."""
+    class Task:
+        @staticmethod
+        def partitionId() -> int:
+            return index
+    monkeypatch.setattr(stages.TaskContext, "get", staticmethod(lambda: Task))
+
+
 def test_a_shuffled_task_serves_its_own_partition(monkeypatch):
     salts = partition_salts(6)
     seen, gc_steps = [], []
@@ -60,12 +69,7 @@ def test_a_shuffled_task_serves_its_own_partition(monkeypatch):
         return iter(())
     monkeypatch.setattr(stages, "process_partition", process)
     monkeypatch.setattr(stages.worker_gc, "task_started", lambda: gc_steps.append(1))
-
-    class Task:            # the Spark task serving partition 4 of 6
-        @staticmethod
-        def partitionId():
-            return 4
-    monkeypatch.setattr(stages.TaskContext, "get", staticmethod(lambda: Task))
+    _in_task(monkeypatch, 4)             # the Spark task serving partition 4 of 6
     assert list(stages.process_stage(None, salts, 6)(iter([_rows([salts[4]], "p", PING)]))) == []
     assert seen == [(4, 1)] and gc_steps == [1]
 
@@ -77,11 +81,7 @@ def test_fewer_tasks_together_serve_every_partition_once(monkeypatch):
     monkeypatch.setattr(stages.worker_gc, "task_started", lambda: None)
     side = _rows([salts[0], salts[1], salts[3], salts[3], salts[5]], "p", PING)
     for task in (0, 1):           # each task gets the rows the shuffle sends it: partition p to task p % 2
-        class Task:
-            @staticmethod
-            def partitionId(task=task):
-                return task
-        monkeypatch.setattr(stages.TaskContext, "get", staticmethod(lambda: Task))
+        _in_task(monkeypatch, task)
         mine = side.filter(pa.array([salts.index(r) % 2 == task for r in side.column("route").to_pylist()]))
         assert list(stages.process_stage(None, salts, 2)(iter([mine]))) == []
     assert seen == [(0, 1), (2, 0), (4, 0), (1, 1), (3, 2), (5, 1)]   # task 0's, then task 1's
@@ -100,7 +100,6 @@ def test_spark_sends_a_partition_s_rows_to_its_index_modulo_a_divisor():
         salts = partition_salts(n)
         for tasks in (d for d in range(1, n + 1) if n % d == 0):
             assert [spark_hash_long(s) % tasks for s in salts] == [p % tasks for p in range(n)]
-
 
 
 def test_process_tasks_are_the_fewest_that_keep_the_cores_busy():
